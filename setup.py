@@ -1,0 +1,54 @@
+"""Install torchrl_muzero.
+
+The search's tree bookkeeping has an optional C++ kernel (torchrl_muzero/csrc).
+It is built when torch is importable at build time (``pip install
+--no-build-isolation``); otherwise, or if the compiler fails, the package
+installs without it and the search runs its plain-torch path.
+"""
+import os
+import sys
+
+from setuptools import find_packages, setup
+
+ext_modules = []
+cmdclass = {}
+if os.environ.get("TORCHRL_MUZERO_NO_EXT", "0") != "1":
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+        sources = [os.path.join("torchrl_muzero", "csrc", "tree_ops.cpp")]
+        if all(os.path.exists(s) for s in sources):
+            ext_modules.append(
+                CppExtension(
+                    "torchrl_muzero._C",
+                    sources,
+                    extra_compile_args=["-O3"],
+                    optional=True,
+                )
+            )
+            cmdclass["build_ext"] = BuildExtension.with_options(no_python_abi_suffix=False)
+    except Exception as err:  # torch not importable in an isolated build: plain-torch path only
+        print(f"torchrl_muzero: building without the C++ tree kernel ({err})", file=sys.stderr)
+
+setup(
+    name="torchrl_muzero",
+    version="0.1.0",
+    description="MuZero family (MuZero, EfficientZero, Gumbel/Sampled/Stochastic MuZero, UniZero) as TorchRL pieces",
+    packages=find_packages(include=["torchrl_muzero", "torchrl_muzero.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.9",
+        "torchrl>=0.14.1",
+        "tensordict>=0.14",
+        "gymnasium>=1.0",
+        "numpy",
+        "tqdm",
+    ],
+    extras_require={
+        "atari": ["ale-py>=0.10"],
+        "ray": ["ray>=2.40"],
+        "dev": ["pytest", "pytest-benchmark", "pytest-timeout", "hydra-core>=1.3", "ale-py>=0.10"],
+    },
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+)

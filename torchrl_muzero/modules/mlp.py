@@ -1,0 +1,91 @@
+"""MuZero networks for vector observations (classic control)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from torchrl_muzero.modules.model import MuZeroModel, scale_latent
+
+__all__ = ["MuZeroMLPModel"]
+
+
+def _mlp(in_dim: int, hidden: int, out_dim: int, layers: int = 1) -> nn.Sequential:
+    modules: list[nn.Module] = []
+    dim = in_dim
+    for _ in range(layers):
+        modules += [nn.Linear(dim, hidden), nn.ReLU()]
+        dim = hidden
+    modules.append(nn.Linear(dim, out_dim))
+    return nn.Sequential(*modules)
+
+
+class MuZeroMLPModel(MuZeroModel):
+    """MuZero model of small MLPs for flat observations.
+
+    Args:
+        observation_shape: shape of one observation, e.g. ``(4,)`` for CartPole.
+        num_actions: number of discrete actions.
+        latent_dim: size of the latent state.
+        hidden_dim: width of the hidden layers.
+        value_support_size / reward_support_size: half-widths of the
+            categorical supports (``2 * size + 1`` bins).
+        num_layers: hidden layers per network.
+        zero_init_heads: start value, reward and policy heads at zero output
+            (uniform policy, zero value), which steadies early training.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_muzero.modules import MuZeroMLPModel
+        >>> model = MuZeroMLPModel(observation_shape=(4,), num_actions=2,
+        ...                        latent_dim=32, hidden_dim=32,
+        ...                        value_support_size=10, reward_support_size=10)
+        >>> td = TensorDict({"observation": torch.randn(8, 4)}, [8])
+        >>> td = model.initial(td)
+        >>> td["latent"].shape, td["policy_logits"].shape, td["state_value"].shape
+        (torch.Size([8, 32]), torch.Size([8, 2]), torch.Size([8]))
+        >>> td["action"] = torch.randint(2, (8,))
+        >>> td = model.recurrent(td)
+        >>> td["next_latent"].shape, td["reward"].shape
+        (torch.Size([8, 32]), torch.Size([8]))
+    """
+
+    def __init__(
+        self,
+        observation_shape: Sequence[int],
+        num_actions: int,
+        latent_dim: int = 64,
+        hidden_dim: int = 64,
+        value_support_size: int = 10,
+        reward_support_size: int = 10,
+        num_layers: int = 1,
+        zero_init_heads: bool = True,
+    ) -> None:
+        super().__init__(observation_shape, num_actions, value_support_size, reward_support_size)
+        obs_dim = int(torch.Size(observation_shape).numel())
+        self.latent_dim = latent_dim
+        self.representation_net = _mlp(obs_dim, hidden_dim, latent_dim, num_layers)
+        self.dynamics_net = _mlp(latent_dim + num_actions, hidden_dim, latent_dim, num_layers)
+        self.reward_head = _mlp(latent_dim, hidden_dim, self.reward_support.num_bins, num_layers)
+        self.prediction_trunk = nn.Sequential(nn.Linear(latent_dim, hidden_dim), nn.ReLU())
+        # policy and value share one output layer: one matmul instead of two per search step
+        self.prediction_head = nn.Linear(hidden_dim, num_actions + self.value_support.num_bins)
+        if zero_init_heads:
+            for layer in (self.reward_head[-1], self.prediction_head):
+                nn.init.zeros_(layer.weight)
+                nn.init.zeros_(layer.bias)
+
+    def represent(self, observation: torch.Tensor) -> torch.Tensor:
+        return scale_latent(self.representation_net(observation.flatten(1)))
+
+    def dynamics(self, latent: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        action_one_hot = F.one_hot(action, self.num_actions).to(latent.dtype)
+        next_latent = scale_latent(self.dynamics_net(torch.cat([latent, action_one_hot], -1)))
+        return next_latent, self.reward_head(next_latent)
+
+    def predict(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.prediction_head(self.prediction_trunk(latent))
+        return out[..., : self.num_actions], out[..., self.num_actions :]

@@ -1,0 +1,211 @@
+"""The MuZero model interface shared by every network.
+
+A model is three learned functions (MuZero paper, section 3):
+
+* representation ``h``: observation -> latent state,
+* dynamics ``g``: (latent, action) -> (next latent, reward),
+* prediction ``f``: latent -> (policy logits, value).
+
+Subclasses implement :meth:`represent`, :meth:`dynamics` and :meth:`predict`
+on plain tensors. This base class adds the two inference steps the search and
+the loss call, the scalar decoding of the categorical heads, input checks with
+readable errors, and the TensorDict views :attr:`initial` and
+:attr:`recurrent` that torchrl pipelines compose.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from torchrl_muzero.modules.support import CategoricalSupport
+
+__all__ = ["MuZeroModel", "scale_latent"]
+
+
+def scale_latent(latent: torch.Tensor, start_dim: int = 1) -> torch.Tensor:
+    """Min-max scale each sample's latent to ``[0, 1]`` (MuZero appendix G).
+
+    Keeps the dynamics' inputs on the same scale as the representation's
+    outputs however many steps are unrolled.
+    """
+    flat = latent.flatten(start_dim)
+    low = flat.min(-1, keepdim=True).values
+    high = flat.max(-1, keepdim=True).values
+    scaled = (flat - low) / (high - low).clamp_min(1e-5)
+    return scaled.view_as(latent)
+
+
+class _InitialStep(nn.Module):
+    def __init__(self, model: "MuZeroModel") -> None:
+        super().__init__()
+        self._model = [model]  # a list so the model is not registered twice
+
+    def forward(self, observation):
+        model = self._model[0]
+        latent, policy_logits, value_logits = model.initial_inference(observation)
+        return latent, policy_logits, value_logits, model.value_support.decode(value_logits)
+
+
+class _RecurrentStep(nn.Module):
+    def __init__(self, model: "MuZeroModel") -> None:
+        super().__init__()
+        self._model = [model]
+
+    def forward(self, latent, action):
+        model = self._model[0]
+        if action.dtype.is_floating_point or action.dtype == torch.bool:
+            action = action.argmax(-1)  # one-hot encoded actions
+        next_latent, reward_logits, policy_logits, value_logits = model.recurrent_inference(
+            latent, action
+        )
+        return (
+            next_latent,
+            reward_logits,
+            model.reward_support.decode(reward_logits),
+            policy_logits,
+            value_logits,
+            model.value_support.decode(value_logits),
+        )
+
+
+class MuZeroModel(nn.Module):
+    """Base class of MuZero networks.
+
+    Args:
+        observation_shape: shape of one observation (without batch dims).
+        num_actions: size of the discrete action space.
+        value_support_size: half-width of the value support (601 bins for 300).
+        reward_support_size: half-width of the reward support.
+
+    Subclasses implement :meth:`represent`, :meth:`dynamics` (returning the
+    next latent and reward logits) and :meth:`predict` (policy and value
+    logits) for a flat batch dimension.
+
+    The TensorDict views:
+
+    * ``model.initial`` reads ``"observation"`` and writes ``"latent"``,
+      ``"policy_logits"``, ``"value_logits"`` and ``"state_value"``;
+    * ``model.recurrent`` reads ``"latent"`` and ``"action"`` (index or
+      one-hot) and writes ``"next_latent"``, ``"reward_logits"``,
+      ``"reward"``, ``"policy_logits"``, ``"value_logits"``, ``"state_value"``.
+
+    See :class:`~torchrl_muzero.modules.MuZeroMLPModel` for an example.
+    """
+
+    def __init__(
+        self,
+        observation_shape: Sequence[int],
+        num_actions: int,
+        value_support_size: int,
+        reward_support_size: int,
+    ) -> None:
+        super().__init__()
+        self.observation_shape = torch.Size(observation_shape)
+        self.num_actions = int(num_actions)
+        if self.num_actions < 1:
+            raise ValueError(f"num_actions must be >= 1, got {num_actions}.")
+        self.value_support = CategoricalSupport(value_support_size)
+        self.reward_support = CategoricalSupport(reward_support_size)
+        self.initial = TensorDictModule(
+            _InitialStep(self),
+            in_keys=["observation"],
+            out_keys=["latent", "policy_logits", "value_logits", "state_value"],
+        )
+        self.recurrent = TensorDictModule(
+            _RecurrentStep(self),
+            in_keys=["latent", "action"],
+            out_keys=[
+                "next_latent",
+                "reward_logits",
+                "reward",
+                "policy_logits",
+                "value_logits",
+                "state_value",
+            ],
+        )
+
+    # -- to implement -------------------------------------------------------
+    def represent(self, observation: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dynamics(self, latent: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def predict(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    # -- inference steps ----------------------------------------------------
+    def initial_inference(
+        self, observation: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``observation [*B, *obs_shape]`` -> ``(latent, policy_logits, value_logits)``."""
+        batch_shape = self.check_observation(observation)
+        observation = observation.reshape(-1, *self.observation_shape)
+        if not observation.is_floating_point():
+            observation = observation.float()
+        latent = self.represent(observation)
+        policy_logits, value_logits = self.predict(latent)
+        return (
+            latent.reshape(*batch_shape, *latent.shape[1:]),
+            policy_logits.reshape(*batch_shape, -1),
+            value_logits.reshape(*batch_shape, -1),
+        )
+
+    def recurrent_inference(
+        self, latent: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(latent [B, ...], action [B] long)`` -> ``(next_latent, reward_logits, policy_logits, value_logits)``."""
+        self.check_action(action, latent.shape[0])
+        next_latent, reward_logits = self.dynamics(latent, action)
+        policy_logits, value_logits = self.predict(next_latent)
+        return next_latent, reward_logits, policy_logits, value_logits
+
+    @torch.no_grad()
+    def recurrent_inference_scalar(
+        self, latent: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The search's step: like :meth:`recurrent_inference` with decoded reward and value.
+
+        No input checks: the search only passes actions it produced itself.
+        Returns ``(next_latent, reward [B], policy_logits [B, A], value [B])``.
+        """
+        next_latent, reward_logits = self.dynamics(latent, action)
+        policy_logits, value_logits = self.predict(next_latent)
+        return (
+            next_latent,
+            self.reward_support.decode_fast(reward_logits),
+            policy_logits,
+            self.value_support.decode_fast(value_logits),
+        )
+
+    # -- checks -------------------------------------------------------------
+    def check_observation(self, observation: torch.Tensor) -> torch.Size:
+        """Return the batch shape of ``observation``; raise ``ValueError`` if its shape is wrong."""
+        n = len(self.observation_shape)
+        if (
+            not isinstance(observation, torch.Tensor)
+            or observation.ndim < n
+            or observation.shape[observation.ndim - n :] != self.observation_shape
+        ):
+            shape = tuple(observation.shape) if isinstance(observation, torch.Tensor) else type(observation)
+            raise ValueError(
+                f"{type(self).__name__} expects observations of shape "
+                f"[*batch, {', '.join(map(str, self.observation_shape))}], got {shape}."
+            )
+        return observation.shape[: observation.ndim - n]
+
+    def check_action(self, action: torch.Tensor, batch_size: int) -> None:
+        """Raise ``ValueError`` unless ``action`` is ``[batch_size]`` integers in ``[0, num_actions)``."""
+        if action.shape != (batch_size,) or action.dtype.is_floating_point:
+            raise ValueError(
+                f"{type(self).__name__} expects integer actions of shape [{batch_size}] "
+                f"(one per latent), got {tuple(action.shape)} of dtype {action.dtype}."
+            )
+        if action.numel() and (int(action.min()) < 0 or int(action.max()) >= self.num_actions):
+            raise ValueError(
+                f"actions must lie in [0, {self.num_actions}), got values in "
+                f"[{int(action.min())}, {int(action.max())}]."
+            )
