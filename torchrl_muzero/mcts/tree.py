@@ -1,0 +1,104 @@
+"""The search tree: a handful of preallocated, batch-first tensors.
+
+``B`` trees are searched together. Node 0 is the root; the node created by
+simulation ``s`` (0-based) is ``s + 1``, so ``N = num_simulations + 1`` nodes
+are allocated up front and nothing is reallocated or copied during a search.
+
+Per node ``[B, N]``:
+    ``visit_count`` (int32), ``value_sum`` (float32, from the point of view of
+    the player to move at that node), ``parent`` (int32, -1 at the root),
+    ``action_from_parent`` (int32, -1 at the root).
+Per edge ``[B, N, A]``:
+    ``children_index`` (int32, -1 while the edge is unexpanded),
+    ``children_prior`` (float32), ``children_reward`` (float32, the reward the
+    dynamics predicted for taking that action, from the mover's point of view).
+Per tree ``[B]``:
+    ``min_q`` / ``max_q`` (float32): the min-max statistics of every edge value
+    ``q = reward + discount * value(child)`` seen in the tree (MuZero appendix
+    B); ``+inf`` / ``-inf`` before the first backup.
+Per root ``[B, A]``: ``root_legal`` (bool).
+Per node embeddings ``[B, N, *latent_shape]`` (the model's latent states).
+
+``discount`` is the search discount; in two-player zero-sum games it is
+negated, so that ``q = r + discount * v`` turns the child's value (its own
+mover's view) into the parent's view (mctx's convention).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+__all__ = ["Tree", "allocate_tree"]
+
+
+@dataclass
+class Tree:
+    visit_count: torch.Tensor
+    value_sum: torch.Tensor
+    parent: torch.Tensor
+    action_from_parent: torch.Tensor
+    children_index: torch.Tensor
+    children_prior: torch.Tensor
+    children_reward: torch.Tensor
+    min_q: torch.Tensor
+    max_q: torch.Tensor
+    root_legal: torch.Tensor
+    embeddings: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.visit_count.shape[0]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.visit_count.shape[1]
+
+    @property
+    def num_actions(self) -> int:
+        return self.children_index.shape[2]
+
+    def node_value(self) -> torch.Tensor:
+        """Mean value of every node ``[B, N]`` (0 for unvisited nodes)."""
+        return self.value_sum / self.visit_count.clamp_min(1)
+
+    def root_child_visits(self) -> torch.Tensor:
+        """Visit counts of the root's children ``[B, A]`` (0 for unexpanded edges)."""
+        return child_visits(self, 0)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def child_visits(tree: Tree, node: int) -> torch.Tensor:
+    """Visit counts ``[B, A]`` of the children of ``node`` in every tree."""
+    index = tree.children_index[:, node].long()
+    visits = tree.visit_count.gather(1, index.clamp_min(0))
+    return torch.where(index >= 0, visits, torch.zeros_like(visits))
+
+
+def allocate_tree(
+    batch_size: int,
+    num_simulations: int,
+    num_actions: int,
+    latent_shape: torch.Size,
+    device: torch.device,
+    latent_dtype: torch.dtype = torch.float32,
+) -> Tree:
+    """Preallocate the arrays of ``batch_size`` trees of ``num_simulations + 1`` nodes."""
+    B, N, A = batch_size, num_simulations + 1, num_actions
+    i32 = dict(dtype=torch.int32, device=device)
+    f32 = dict(dtype=torch.float32, device=device)
+    return Tree(
+        visit_count=torch.zeros(B, N, **i32),
+        value_sum=torch.zeros(B, N, **f32),
+        parent=torch.full((B, N), -1, **i32),
+        action_from_parent=torch.full((B, N), -1, **i32),
+        children_index=torch.full((B, N, A), -1, **i32),
+        children_prior=torch.zeros(B, N, A, **f32),
+        children_reward=torch.zeros(B, N, A, **f32),
+        min_q=torch.full((B,), float("inf"), **f32),
+        max_q=torch.full((B,), float("-inf"), **f32),
+        root_legal=torch.ones(B, A, dtype=torch.bool, device=device),
+        embeddings=torch.zeros(B, N, *latent_shape, dtype=latent_dtype, device=device),
+    )
