@@ -1,0 +1,6 @@
+from torchrl_muzero.mcts.config import MCTSConfig
+from torchrl_muzero.mcts.tree import Tree, allocate_tree
+from torchrl_muzero.mcts.search import SearchResult, search, search_from_root, select_action
+from torchrl_muzero.mcts.policy import MCTSPolicy
+
+__all__ = ["MCTSConfig", "Tree", "allocate_tree", "SearchResult", "search", "search_from_root", "select_action", "MCTSPolicy"]

@@ -1,0 +1,60 @@
+"""Search settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MCTSConfig"]
+
+_BACKENDS = ("auto", "torch", "cpp")
+
+
+@dataclass
+class MCTSConfig:
+    """Settings of one MuZero search.
+
+    Args:
+        num_simulations: simulations (model calls) per search.
+        discount: discount used inside the tree (negated internally for
+            two-player games).
+        pb_c_base / pb_c_init: constants of the MuZero pUCT rule.
+        dirichlet_alpha / dirichlet_fraction: root exploration noise; a
+            fraction of 0 turns the noise off.
+        temperature: the action is drawn from ``visits ** (1 / temperature)``;
+            0 takes the most visited action.
+        backend: ``"cpp"`` runs the tree bookkeeping in the C++ kernel (CPU
+            only), ``"torch"`` in batched tensor ops (any device), ``"auto"``
+            takes the kernel when it is built and the tree lives on the CPU.
+
+    Examples:
+        >>> from torchrl_muzero.mcts import MCTSConfig
+        >>> MCTSConfig(num_simulations=25, temperature=0.0).num_simulations
+        25
+    """
+
+    num_simulations: int = 50
+    discount: float = 0.997
+    pb_c_base: float = 19652.0
+    pb_c_init: float = 1.25
+    dirichlet_alpha: float = 0.3
+    dirichlet_fraction: float = 0.25
+    temperature: float = 1.0
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if int(self.num_simulations) < 1:
+            raise ValueError(f"MCTSConfig.num_simulations must be >= 1, got {self.num_simulations}.")
+        if not 0.0 <= self.discount <= 1.0:
+            raise ValueError(f"MCTSConfig.discount must be in [0, 1], got {self.discount}.")
+        if self.pb_c_base <= 0:
+            raise ValueError(f"MCTSConfig.pb_c_base must be > 0, got {self.pb_c_base}.")
+        if not 0.0 <= self.dirichlet_fraction <= 1.0:
+            raise ValueError(
+                f"MCTSConfig.dirichlet_fraction must be in [0, 1], got {self.dirichlet_fraction}."
+            )
+        if self.dirichlet_fraction > 0 and self.dirichlet_alpha <= 0:
+            raise ValueError(f"MCTSConfig.dirichlet_alpha must be > 0, got {self.dirichlet_alpha}.")
+        if self.temperature < 0:
+            raise ValueError(f"MCTSConfig.temperature must be >= 0, got {self.temperature}.")
+        if self.backend not in _BACKENDS:
+            raise ValueError(f"MCTSConfig.backend must be one of {_BACKENDS}, got {self.backend!r}.")
+        self.num_simulations = int(self.num_simulations)

@@ -1,0 +1,142 @@
+"""``MCTSPolicy``: model + search as a policy a torchrl collector runs."""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torchrl.envs.utils import ExplorationType, exploration_type
+
+from torchrl_muzero.mcts.config import MCTSConfig
+from torchrl_muzero.mcts.search import search
+
+__all__ = ["MCTSPolicy"]
+
+_GREEDY = (ExplorationType.DETERMINISTIC, ExplorationType.MODE, ExplorationType.MEAN, ExplorationType.MEDIAN)
+
+
+class MCTSPolicy(TensorDictModuleBase):
+    """Choose actions by a batched MuZero search.
+
+    Reads ``observation`` (and ``action_mask`` / ``to_play`` when the input
+    holds them), runs one search per batch element and writes ``action`` in
+    the encoding of ``action_spec`` (one-hot or index), ``search_policy``
+    (the root visit distribution, the policy target) and ``root_value``.
+    Runs without gradients, on the model's device (inputs are moved there and
+    outputs back), and is reproducible from ``generator``.
+
+    Under ``torchrl.envs.utils.set_exploration_type(ExplorationType.DETERMINISTIC)``
+    (or ``MODE``) the search adds no root noise and takes the most visited
+    action: that is how evaluation runs.
+
+    Args:
+        model: a :class:`~torchrl_muzero.modules.MuZeroModel`.
+        config: :class:`~torchrl_muzero.mcts.MCTSConfig`.
+        action_spec: the env's action spec; a ``OneHot`` spec gets one-hot
+            actions, anything else action indices. ``None``: indices.
+        generator: optional ``torch.Generator`` on the model's device.
+        observation_key / action_key / action_mask_key / to_play_key: keys.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.collectors import Collector
+        >>> from torchrl.envs import GymEnv
+        >>> from torchrl_muzero.modules import MuZeroMLPModel
+        >>> from torchrl_muzero.mcts import MCTSConfig, MCTSPolicy
+        >>> env = GymEnv("CartPole-v1")
+        >>> model = MuZeroMLPModel((4,), 2, latent_dim=16, hidden_dim=16)
+        >>> policy = MCTSPolicy(model, MCTSConfig(num_simulations=4), env.action_spec)
+        >>> collector = Collector(env, policy, frames_per_batch=8, total_frames=8)
+        >>> batch = next(iter(collector))
+        >>> batch["search_policy"].shape, batch["action"].shape
+        (torch.Size([8, 2]), torch.Size([8, 2]))
+        >>> collector.shutdown()
+    """
+
+    def __init__(
+        self,
+        model,
+        config: MCTSConfig | None = None,
+        action_spec=None,
+        generator: torch.Generator | None = None,
+        observation_key: NestedKey = "observation",
+        action_key: NestedKey = "action",
+        action_mask_key: NestedKey = "action_mask",
+        to_play_key: NestedKey = "to_play",
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.config = config if config is not None else MCTSConfig()
+        self.action_spec = action_spec
+        self.generator = generator
+        self.observation_key = observation_key
+        self.action_key = action_key
+        self.action_mask_key = action_mask_key
+        self.to_play_key = to_play_key
+        self.in_keys = [observation_key]
+        self.out_keys = [action_key, "search_policy", "root_value"]
+        self._one_hot = action_spec is not None and "OneHot" in type(action_spec).__name__
+        if action_spec is not None:
+            n = action_spec.shape[-1] if self._one_hot else getattr(action_spec, "n", None)
+            if n is None and hasattr(action_spec, "space"):
+                n = getattr(action_spec.space, "n", None)
+            if n is not None and int(n) != model.num_actions:
+                raise ValueError(
+                    f"the action spec has {int(n)} actions but the model has {model.num_actions}."
+                )
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        observation = tensordict.get(self.observation_key)
+        model_device = next(self.model.parameters()).device
+        out_device = observation.device
+        obs_ndim = len(self.model.observation_shape)
+        batch_shape = observation.shape[: observation.ndim - obs_ndim]
+        self.model.check_observation(observation)
+        observation = observation.reshape(-1, *self.model.observation_shape)
+
+        action_mask = tensordict.get(self.action_mask_key, None)
+        if action_mask is not None:
+            action_mask = action_mask.reshape(-1, self.model.num_actions)
+        to_play = tensordict.get(self.to_play_key, None)
+        if to_play is not None:
+            to_play = to_play.reshape(-1)
+
+        greedy = exploration_type() in _GREEDY
+        config = self.config
+        if greedy and config.temperature != 0:
+            config = MCTSConfig(**{**config.__dict__, "temperature": 0.0})
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                result = search(
+                    self.model,
+                    observation.to(model_device),
+                    config,
+                    action_mask=action_mask,
+                    to_play=to_play,
+                    add_noise=not greedy,
+                    generator=self.generator,
+                )
+        finally:
+            self.model.train(was_training)
+
+        action = result.action
+        if self._one_hot:
+            action = torch.nn.functional.one_hot(action, self.model.num_actions)
+            dtype = getattr(self.action_spec, "dtype", None)
+            if dtype is not None:
+                action = action.to(dtype)
+        else:
+            dtype = getattr(self.action_spec, "dtype", None) if self.action_spec is not None else None
+            if dtype is not None:
+                action = action.to(dtype)
+            if self.action_spec is not None and self.action_spec.shape[-1:] == (1,):
+                action = action.unsqueeze(-1)
+        action = action.to(out_device)
+        tensordict.set(self.action_key, action.reshape(*batch_shape, *action.shape[1:]))
+        tensordict.set(
+            "search_policy", result.search_policy.to(out_device).reshape(*batch_shape, -1)
+        )
+        tensordict.set("root_value", result.root_value.to(out_device).reshape(batch_shape))
+        return tensordict

@@ -1,0 +1,189 @@
+"""The batched MuZero search loop.
+
+One call searches ``B`` roots at once. Each simulation selects one leaf in
+every tree, calls the model's recurrent step once for the whole batch,
+expands and backs up in place. The tree bookkeeping runs either in the C++
+kernel (CPU) or in batched torch ops (any device); both give the same visit
+counts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from torchrl_muzero.mcts import _cpp
+from torchrl_muzero.mcts.backup import expand_and_backup
+from torchrl_muzero.mcts.config import MCTSConfig
+from torchrl_muzero.mcts.noise import sample_dirichlet
+from torchrl_muzero.mcts.select import select_leaves
+from torchrl_muzero.mcts.tree import Tree, allocate_tree
+
+__all__ = ["SearchResult", "search", "search_from_root", "select_action"]
+
+
+@dataclass
+class SearchResult:
+    """What a search returns, per root.
+
+    Attributes:
+        visit_counts: ``[B, A]`` visits of the root's children.
+        search_policy: ``[B, A]`` normalised visit counts (the policy target).
+        root_value: ``[B]`` mean return of the root over the simulations,
+            from the point of view of the player to move at the root.
+        action: ``[B]`` long, drawn from the visits with the configured
+            temperature (argmax at temperature 0).
+        tree: the search tree, for inspection.
+    """
+
+    visit_counts: torch.Tensor
+    search_policy: torch.Tensor
+    root_value: torch.Tensor
+    action: torch.Tensor
+    tree: Tree
+
+
+def select_action(
+    visit_counts: torch.Tensor, temperature: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Draw actions ``[B]`` from ``visit_counts ** (1 / temperature)``; argmax at 0."""
+    if temperature == 0:
+        return visit_counts.argmax(-1)
+    logits = torch.log(visit_counts.float()) / temperature  # -inf for unvisited actions
+    probs = torch.softmax(logits, -1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _resolve_backend(config: MCTSConfig, device: torch.device):
+    if config.backend == "torch":
+        return None
+    ops = _cpp.load_tree_ops() if device.type == "cpu" else None
+    if config.backend == "cpp" and ops is None:
+        raise RuntimeError(
+            "MCTSConfig(backend='cpp') needs the C++ tree kernel on a CPU tree: "
+            f"{_cpp.tree_ops_unavailable_reason() or f'the tree is on {device}'}. "
+            "Use backend='auto' or 'torch'."
+        )
+    return ops
+
+
+@torch.no_grad()
+def search_from_root(
+    model,
+    root_latent: torch.Tensor,
+    root_policy_logits: torch.Tensor,
+    root_value: torch.Tensor,
+    config: MCTSConfig,
+    action_mask: torch.Tensor | None = None,
+    two_player: bool = False,
+    add_noise: bool = True,
+    generator: torch.Generator | None = None,
+) -> SearchResult:
+    """Search from already-computed root outputs (``model.initial_inference`` + decode).
+
+    ``root_value`` is not used by pUCT (the root is not backed up with its own
+    estimate, as in the MuZero pseudocode); it is returned as the root value
+    of searches whose trees saw no simulation, which cannot happen with
+    ``num_simulations >= 1``, and kept in the signature for value-only users.
+    """
+    B, A = root_policy_logits.shape
+    device = root_latent.device
+    if action_mask is None:
+        legal = torch.ones(B, A, dtype=torch.bool, device=device)
+    else:
+        legal = action_mask.to(device=device, dtype=torch.bool)
+        if legal.shape != (B, A):
+            raise ValueError(f"action_mask must have shape [{B}, {A}], got {tuple(legal.shape)}.")
+        if not bool(legal.any(-1).all()):
+            raise ValueError("action_mask has a row with no legal action.")
+    discount = -config.discount if two_player else config.discount
+
+    tree = allocate_tree(B, config.num_simulations, A, root_latent.shape[1:], device, root_latent.dtype)
+    tree.root_legal.copy_(legal)
+    prior = torch.softmax(root_policy_logits.float().masked_fill(~legal, float("-inf")), -1)
+    if add_noise and config.dirichlet_fraction > 0:
+        noise = sample_dirichlet(config.dirichlet_alpha, legal, generator)
+        prior = (1 - config.dirichlet_fraction) * prior + config.dirichlet_fraction * noise
+    tree.children_prior[:, 0] = prior
+    tree.embeddings[:, 0] = root_latent
+
+    ops = _resolve_backend(config, device)
+    rows = torch.arange(B, device=device)
+    for sim in range(config.num_simulations):
+        node_index = sim + 1
+        if ops is not None:
+            leaf_node, leaf_action = _cpp.cpp_select(tree, config.pb_c_base, config.pb_c_init, discount)
+        else:
+            leaf_node, leaf_action = select_leaves(tree, config.pb_c_base, config.pb_c_init, discount)
+        latent = tree.embeddings[rows, leaf_node]
+        next_latent, reward, policy_logits, value = model.recurrent_inference_scalar(latent, leaf_action)
+        tree.embeddings[:, node_index] = next_latent
+        child_prior = torch.softmax(policy_logits.float(), -1)
+        if ops is not None:
+            _cpp.cpp_expand_and_backup(
+                tree, node_index, leaf_node, leaf_action, reward.float(), value.float(), child_prior, discount
+            )
+        else:
+            expand_and_backup(tree, node_index, leaf_node, leaf_action, reward, value, child_prior, discount)
+
+    visit_counts = tree.root_child_visits()
+    search_policy = visit_counts.float() / visit_counts.sum(-1, keepdim=True).clamp_min(1)
+    root_mean = tree.value_sum[:, 0] / tree.visit_count[:, 0].clamp_min(1).float()
+    action = select_action(visit_counts, config.temperature, generator)
+    return SearchResult(visit_counts, search_policy, root_mean, action, tree)
+
+
+@torch.no_grad()
+def search(
+    model,
+    observation: torch.Tensor,
+    config: MCTSConfig,
+    action_mask: torch.Tensor | None = None,
+    to_play: torch.Tensor | None = None,
+    add_noise: bool = True,
+    generator: torch.Generator | None = None,
+) -> SearchResult:
+    """Run one MuZero search for each of the ``B`` observations.
+
+    Args:
+        model: a :class:`~torchrl_muzero.modules.MuZeroModel`.
+        observation: ``[B, *observation_shape]``, on any device (moved to the model's).
+        config: the search settings.
+        action_mask: optional ``[B, A]`` bool, legal actions at the root.
+        to_play: optional ``[B]`` player ids; when given the game is treated
+            as two-player zero-sum with alternating turns (values flip sign
+            at each ply, rewards are the mover's).
+        add_noise: mix Dirichlet noise into the root priors.
+        generator: source of randomness (noise and action draws).
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.modules import MuZeroMLPModel
+        >>> from torchrl_muzero.mcts import MCTSConfig, search
+        >>> model = MuZeroMLPModel((4,), 2, latent_dim=16, hidden_dim=16)
+        >>> out = search(model, torch.randn(3, 4), MCTSConfig(num_simulations=8))
+        >>> out.visit_counts.sum(-1)
+        tensor([8, 8, 8])
+        >>> out.search_policy.shape, out.root_value.shape
+        (torch.Size([3, 2]), torch.Size([3]))
+    """
+    model.check_observation(observation)
+    if observation.ndim != len(model.observation_shape) + 1:
+        raise ValueError(
+            f"search expects observations of shape [B, {', '.join(map(str, model.observation_shape))}], "
+            f"got {tuple(observation.shape)}."
+        )
+    device = next(model.parameters()).device
+    latent, policy_logits, value_logits = model.initial_inference(observation.to(device))
+    value = model.value_support.decode(value_logits)
+    return search_from_root(
+        model,
+        latent,
+        policy_logits,
+        value,
+        config,
+        action_mask=None if action_mask is None else action_mask.to(device),
+        two_player=to_play is not None,
+        add_noise=add_noise,
+        generator=generator,
+    )
