@@ -189,9 +189,10 @@ def test_scalar_step_matches_recurrent_inference():
         next_latent, reward_logits, policy, value_logits = model.recurrent_inference(latent, action)
         fast = model.recurrent_inference_scalar(latent, action)
     torch.testing.assert_close(fast[0], next_latent)
-    torch.testing.assert_close(fast[1], model.reward_support.decode(reward_logits))
+    # the search decodes with a closed-form h^-1 (float32 rounding differs from torchrl's)
+    torch.testing.assert_close(fast[1], model.reward_support.decode(reward_logits), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(fast[2], policy)
-    torch.testing.assert_close(fast[3], model.value_support.decode(value_logits))
+    torch.testing.assert_close(fast[3], model.value_support.decode(value_logits), atol=1e-4, rtol=1e-4)
 
 
 def test_tensordict_views():

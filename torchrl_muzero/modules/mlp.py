@@ -86,6 +86,31 @@ class MuZeroMLPModel(MuZeroModel):
         next_latent = scale_latent(self.dynamics_net(torch.cat([latent, action_one_hot], -1)))
         return next_latent, self.reward_head(next_latent)
 
+    @torch.no_grad()
+    def recurrent_inference_scalar(self, latent, action):
+        """The search's step with the fewest aten calls (~30 instead of ~60).
+
+        Same numbers as the generic path (tested): the action's one-hot
+        concatenation becomes a column lookup of the first dynamics layer, and
+        layers are called through ``F.linear`` to skip module-call overhead.
+        Falls back to the generic path for deeper networks.
+        """
+        if len(self.dynamics_net) != 3 or len(self.reward_head) != 3:
+            return super().recurrent_inference_scalar(latent, action)
+        first, _, last = self.dynamics_net
+        w_latent = first.weight[:, : self.latent_dim]
+        w_action = first.weight[:, self.latent_dim :]
+        hidden = F.linear(latent, w_latent, first.bias) + w_action.t()[action]
+        next_latent = scale_latent(F.linear(torch.relu(hidden), last.weight, last.bias))
+        r1, _, r2 = self.reward_head
+        reward_logits = F.linear(torch.relu(F.linear(next_latent, r1.weight, r1.bias)), r2.weight, r2.bias)
+        p1 = self.prediction_trunk[0]
+        out = F.linear(torch.relu(F.linear(next_latent, p1.weight, p1.bias)),
+                       self.prediction_head.weight, self.prediction_head.bias)
+        policy_logits, value_logits = out[:, : self.num_actions], out[:, self.num_actions :]
+        reward, value = self.decode_reward_and_value(reward_logits, value_logits)
+        return next_latent, reward, policy_logits, value
+
     def predict(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.prediction_head(self.prediction_trunk(latent))
         return out[..., : self.num_actions], out[..., self.num_actions :]

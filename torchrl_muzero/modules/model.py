@@ -20,7 +20,7 @@ import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
 
-from torchrl_muzero.modules.support import CategoricalSupport
+from torchrl_muzero.modules.support import CategoricalSupport, inverse_signed_hyperbolic
 
 __all__ = ["MuZeroModel", "scale_latent"]
 
@@ -32,8 +32,7 @@ def scale_latent(latent: torch.Tensor, start_dim: int = 1) -> torch.Tensor:
     outputs however many steps are unrolled.
     """
     flat = latent.flatten(start_dim)
-    low = flat.min(-1, keepdim=True).values
-    high = flat.max(-1, keepdim=True).values
+    low, high = torch.aminmax(flat, dim=-1, keepdim=True)
     scaled = (flat - low) / (high - low).clamp_min(1e-5)
     return scaled.view_as(latent)
 
@@ -56,8 +55,10 @@ class _RecurrentStep(nn.Module):
 
     def forward(self, latent, action):
         model = self._model[0]
-        if action.dtype.is_floating_point or action.dtype == torch.bool:
-            action = action.argmax(-1)  # one-hot encoded actions
+        if action.ndim == 2 and action.shape[-1] == model.num_actions and action.shape[0] == latent.shape[0]:
+            action = action.argmax(-1)  # one-hot actions (torchrl's OneHot spec)
+        elif action.ndim == 2 and action.shape[-1] == 1:
+            action = action.squeeze(-1)
         next_latent, reward_logits, policy_logits, value_logits = model.recurrent_inference(
             latent, action
         )
@@ -174,12 +175,20 @@ class MuZeroModel(nn.Module):
         """
         next_latent, reward_logits = self.dynamics(latent, action)
         policy_logits, value_logits = self.predict(next_latent)
-        return (
-            next_latent,
-            self.reward_support.decode_fast(reward_logits),
-            policy_logits,
-            self.value_support.decode_fast(value_logits),
+        reward, value = self.decode_reward_and_value(reward_logits, value_logits)
+        return next_latent, reward, policy_logits, value
+
+    def decode_reward_and_value(
+        self, reward_logits: torch.Tensor, value_logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode both heads with one shared ``h^{-1}`` call when the supports allow it."""
+        if self.reward_support.epsilon != self.value_support.epsilon:
+            return self.reward_support.decode_fast(reward_logits), self.value_support.decode_fast(value_logits)
+        both = torch.stack(
+            [self.reward_support.expectation(reward_logits), self.value_support.expectation(value_logits)]
         )
+        both = inverse_signed_hyperbolic(both, self.value_support.epsilon)
+        return both[0], both[1]
 
     # -- checks -------------------------------------------------------------
     def check_observation(self, observation: torch.Tensor) -> torch.Size:

@@ -12,7 +12,18 @@ from torch import nn
 from torchrl.modules.functional import signed_hyperbolic, signed_parabolic
 from torchrl.modules.models.model_based import two_hot_decode, two_hot_encode
 
-__all__ = ["CategoricalSupport"]
+__all__ = ["CategoricalSupport", "inverse_signed_hyperbolic"]
+
+
+def inverse_signed_hyperbolic(y: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """``h^{-1}`` in the fewest ops, for the search's hot path.
+
+    Same function as torchrl's ``signed_parabolic`` (tested equal), written
+    as one closed form because that one builds scalar tensors and masks that
+    cost ~38 µs per call on CPU, which the search pays twice per simulation.
+    """
+    root = (torch.sqrt(y.abs() * (4 * epsilon) + (1 + 4 * epsilon * (1 + epsilon))) - 1) / (2 * epsilon)
+    return torch.sign(y) * (root * root - 1)
 
 
 class CategoricalSupport(nn.Module):
@@ -66,16 +77,21 @@ class CategoricalSupport(nn.Module):
         self._check(logits)
         return signed_parabolic(two_hot_decode(logits, self.bins), self.epsilon)
 
-    def decode_fast(self, logits: torch.Tensor) -> torch.Tensor:
-        """Same value as :meth:`decode` with fewer kernel launches.
+    def expectation(self, logits: torch.Tensor) -> torch.Tensor:
+        """Expected bin ``E[h(x)]`` under ``softmax(logits)`` (one softmax, one product)."""
+        bins = self.bins if logits.dtype == self.bins.dtype else self.bins.to(logits.dtype)
+        return torch.softmax(logits, dim=-1) @ bins
 
-        The search decodes a value and a reward at every simulation; on CPU
-        each aten call costs microseconds, so the expectation is one softmax
-        and one matrix-vector product here (tested equal to :meth:`decode`).
+    def decode_fast(self, logits: torch.Tensor) -> torch.Tensor:
+        """Same value as :meth:`decode` in a handful of kernel launches.
+
+        The search decodes a value and a reward at every simulation, and on
+        CPU every aten call costs microseconds: torchrl's ``two_hot_decode``
+        and ``signed_parabolic`` take ~45 µs together for one row, this path
+        ~8 µs (tested equal to :meth:`decode`).
         """
         self._check(logits)
-        expectation = torch.softmax(logits, dim=-1) @ self.bins.to(logits.dtype)
-        return signed_parabolic(expectation, self.epsilon)
+        return inverse_signed_hyperbolic(self.expectation(logits), self.epsilon)
 
     def cross_entropy(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of ``logits [..., num_bins]`` against scalar targets ``[...]``."""

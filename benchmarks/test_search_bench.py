@@ -1,0 +1,63 @@
+"""Search speed on the canonical case of the MuZero core issue.
+
+50 simulations, 6 actions, a tiny MLP (latent 64, hidden 64, 601-bin value
+and reward heads), one torch thread, B roots at once. ``test_search`` times a
+whole search; ``test_network_only`` times the same model calls without any
+tree (the floor). searches/s = B / mean time; the share of search time spent
+in the network is network / search.
+
+Run: python -m pytest benchmarks/test_search_bench.py --benchmark-only
+     --benchmark-columns=mean,median,rounds
+"""
+import pytest
+import torch
+
+from torchrl_muzero.mcts import MCTSConfig, search
+from torchrl_muzero.mcts import _cpp
+from torchrl_muzero.modules import MuZeroMLPModel
+
+SIMS, ACTIONS = 50, 6
+BATCHES = [1, 8, 64, 256]
+BACKENDS = ["torch"] + (["cpp"] if _cpp.load_tree_ops() is not None else [])
+
+
+def _model():
+    torch.manual_seed(0)
+    return MuZeroMLPModel((8,), ACTIONS, latent_dim=64, hidden_dim=64, value_support_size=300,
+                          reward_support_size=300, zero_init_heads=False).eval()
+
+
+def _rounds(B):
+    return {1: 60, 8: 40, 64: 15, 256: 8}[B]
+
+
+@pytest.mark.parametrize("B", BATCHES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_search(benchmark, B, backend):
+    model = _model()
+    obs = torch.randn(B, 8)
+    cfg = MCTSConfig(num_simulations=SIMS, backend=backend)  # root noise on, as in collection
+    gen = torch.Generator().manual_seed(0)
+    search(model, obs, cfg, generator=gen)  # warm-up
+    out = benchmark.pedantic(lambda: search(model, obs, cfg, generator=gen), rounds=_rounds(B), iterations=1)
+    assert out.visit_counts.sum(-1).eq(SIMS).all()
+    benchmark.extra_info["searches_per_s"] = B / benchmark.stats.stats.mean
+
+
+@pytest.mark.parametrize("B", BATCHES)
+def test_network_only(benchmark, B):
+    model = _model()
+    obs = torch.randn(B, 8)
+    actions = torch.randint(ACTIONS, (SIMS, B))
+
+    @torch.no_grad()
+    def calls():
+        latent, logits, value_logits = model.initial_inference(obs)
+        model.value_support.decode(value_logits)
+        for s in range(SIMS):
+            latent, reward, logits, value = model.recurrent_inference_scalar(latent, actions[s])
+            torch.softmax(logits, -1)
+
+    calls()
+    benchmark.pedantic(calls, rounds=_rounds(B), iterations=1)
+    benchmark.extra_info["searches_per_s"] = B / benchmark.stats.stats.mean
