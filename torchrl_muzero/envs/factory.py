@@ -1,0 +1,73 @@
+"""Environment factories with the standard MuZero preprocessing."""
+from __future__ import annotations
+
+import functools
+
+from torchrl.envs import EnvBase, GymEnv, RewardSum, SerialEnv, StepCounter, TransformedEnv
+
+__all__ = ["make_env", "check_env_id", "env_spaces"]
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise a ``ValueError`` naming ``env_id`` if gymnasium does not know it."""
+    import gymnasium as gym
+
+    if env_id.startswith("ALE/"):
+        try:
+            import ale_py
+
+            gym.register_envs(ale_py)
+        except ImportError as err:
+            raise ValueError(
+                f"env id {env_id!r} needs ale-py: pip install 'torchrl_muzero[atari]'."
+            ) from err
+    if env_id not in gym.registry:
+        close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower()[:4])][:5]
+        hint = f" Similar ids: {', '.join(close)}." if close else ""
+        raise ValueError(f"unknown env id {env_id!r}: gymnasium has no such environment.{hint}")
+
+
+def _make_gym(env_id: str, max_episode_steps: int) -> EnvBase:
+    kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    return GymEnv(env_id, **kwargs)
+
+
+def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool = True) -> EnvBase:
+    """Build a batched env of ``num_envs`` copies (``env_cfg.num_envs`` by default).
+
+    Vector envs are stepped in-process (``SerialEnv``): one MuZero search
+    covers all of them, so each step of the batch costs one batched search.
+    Atari envs get the preprocessing of :mod:`torchrl_muzero.envs.atari`.
+    ``RewardSum`` tracks the episode return for logging.
+
+    Examples:
+        >>> from torchrl_muzero.envs import make_env
+        >>> from torchrl_muzero.trainers.config import EnvConfig
+        >>> env = make_env(EnvConfig(), num_envs=2)
+        >>> env.batch_size
+        torch.Size([2])
+    """
+    n = env_cfg.num_envs if num_envs is None else num_envs
+    if n < 1:
+        raise ValueError(f"num_envs must be >= 1, got {n}.")
+    check_env_id(env_cfg.id)
+    if env_cfg.kind == "atari":
+        from torchrl_muzero.envs.atari import make_atari_env
+
+        env = make_atari_env(env_cfg, n, training=training)
+    elif env_cfg.kind == "gym":
+        env = SerialEnv(n, functools.partial(_make_gym, env_cfg.id, env_cfg.max_episode_steps))
+        env = TransformedEnv(env, RewardSum())
+    else:
+        raise ValueError(f"env.kind must be 'gym' or 'atari', got {env_cfg.kind!r}.")
+    env.set_seed(seed)
+    return env
+
+
+def env_spaces(env: EnvBase) -> tuple[tuple[int, ...], int]:
+    """``(observation_shape, num_actions)`` of a batched env, for building a model."""
+    obs_spec = env.observation_spec["observation"]
+    obs_shape = tuple(obs_spec.shape[len(env.batch_size) :])
+    action_spec = env.action_spec
+    num_actions = int(action_spec.shape[-1]) if "OneHot" in type(action_spec).__name__ else int(action_spec.space.n)
+    return obs_shape, num_actions

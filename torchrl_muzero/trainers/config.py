@@ -1,0 +1,267 @@
+"""The training configuration: one typed schema, checked before anything starts.
+
+Hydra composes the YAML files of ``sota-implementations/muzero/config``; the
+result (or a plain dict from a user's script) goes through
+:func:`load_config`, which rejects unknown keys and wrong types with a
+message that names the dotted key, so a typo fails at start instead of
+silently using a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+__all__ = ["ConfigError", "TrainConfig", "load_config", "config_to_dict"]
+
+
+class ConfigError(ValueError):
+    """A bad configuration key or value."""
+
+
+@dataclass
+class EnvConfig:
+    """Which environment, and how it is batched and preprocessed."""
+
+    name: str = "CartPole"
+    kind: str = "gym"  # "gym" (vector observations) or "atari"
+    id: str = "CartPole-v1"
+    num_envs: int = 8  # envs stepped together by one collector (B roots per search)
+    max_episode_steps: int = 0  # 0: the env's own limit
+    # atari preprocessing (kind == "atari")
+    frame_skip: int = 4
+    frame_stack: int = 4
+    screen_size: int = 96
+    grayscale: bool = True
+    noop_max: int = 30
+    sticky_action_prob: float = 0.25
+    terminal_on_life_loss: bool = True  # for training only; evaluation plays whole games
+
+
+@dataclass
+class ModelConfig:
+    kind: str = "mlp"  # "mlp" or "resnet"
+    latent_dim: int = 64
+    hidden_dim: int = 64
+    num_layers: int = 1
+    value_support_size: int = 10
+    reward_support_size: int = 10
+    channels: int = 64
+    num_blocks: int = 1
+    downsample: bool = True
+
+
+@dataclass
+class MCTSSection:
+    num_simulations: int = 25
+    discount: float = 0.997
+    pb_c_base: float = 19652.0
+    pb_c_init: float = 1.25
+    dirichlet_alpha: float = 0.25
+    dirichlet_fraction: float = 0.25
+    temperature: float = 1.0
+    backend: str = "auto"
+
+
+@dataclass
+class LossConfig:
+    value_loss_weight: float = 0.25
+    reward_loss_weight: float = 1.0
+    policy_loss_weight: float = 1.0
+    consistency_loss_weight: float = 2.0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
+    max_grad_norm: float = 10.0
+    batch_size: int = 256
+
+
+@dataclass
+class BufferConfig:
+    capacity: int = 100_000
+    num_unroll_steps: int = 5
+    td_steps: int = 10
+    reanalyze_ratio: float = 0.0
+    alpha: float = 0.6
+    beta: float = 0.4
+    beta_anneal_steps: int = 10_000
+    save_with_checkpoint: bool = True
+
+
+@dataclass
+class TrainSection:
+    total_env_steps: int = 100_000
+    max_wall_time_s: float = 0.0  # 0: no limit
+    replay_ratio: float = 0.25  # learner updates per collected env step
+    train_start_after_envsteps: int = 1_000
+    frames_per_batch: int = 256  # env steps per collect (all envs of one collector)
+    target_update_interval: int = 100  # learner steps between target-model refreshes
+    stop_return: float = 0.0  # stop once an evaluation reaches it (0: never)
+    checkpoint_interval: int = 1000  # learner steps between periodic checkpoints
+    temperature_schedule: list = field(default_factory=lambda: [[0.5, 1.0], [0.75, 0.5], [1.0, 0.25]])
+
+
+@dataclass
+class EvalConfig:
+    num_episodes: int = 5
+    interval: int = 500  # learner steps between evaluations (sync); async: as soon as the evaluator is free
+    num_simulations: int = 0  # 0: same as mcts.num_simulations
+
+
+@dataclass
+class AsyncPipelineConfig:
+    """The knobs of LightZero's async segment pipeline (seed, section 4.2), same meanings."""
+
+    enabled: bool = True
+    num_collector_actors: int = 1
+    num_evaluator_actors: int = 1
+    max_collect_inflight: int = 0  # 0: num_collector_actors
+    max_eval_inflight: int = 1
+    max_train_chunk_steps: int = 4
+    weight_sync_interval: int = 1
+    max_policy_lag: int = 0  # 0: no bound beyond weight_sync_interval
+    max_train_budget_queue_size: int = 0  # 0: 2 * num_collector_actors
+    eval_at_start: bool = False
+    collector_num_cpus: int = 1
+    evaluator_num_cpus: int = 1
+    collector_num_gpus: float = 0.0
+    evaluator_num_gpus: float = 0.0
+    buffer_stats_interval: int = 100
+    poll_interval_s: float = 0.1
+    shutdown_timeout_s: float = 30.0
+
+
+@dataclass
+class LoggerConfig:
+    backend: str = "csv"  # csv | tensorboard | wandb | none
+    project: str = "torchrl_muzero"
+    progress_bar: bool = True
+    log_interval: int = 50  # learner steps between metric rows
+
+
+@dataclass
+class TrainConfig:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mcts: MCTSSection = field(default_factory=MCTSSection)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    async_pipeline: AsyncPipelineConfig = field(default_factory=AsyncPipelineConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0
+    device: str = "auto"  # learner device: auto | cpu | cuda | cuda:N
+    run_dir: Optional[str] = None
+    resume: Optional[str] = None
+
+
+_KNOWN_CHOICES = {
+    "env.kind": ("gym", "atari"),
+    "model.kind": ("mlp", "resnet"),
+    "mcts.backend": ("auto", "torch", "cpp"),
+    "logger.backend": ("csv", "tensorboard", "wandb", "none"),
+}
+
+
+def _check_type(path: str, value: Any, annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:  # Optional[X]
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value is None:
+            return None
+        return _check_type(path, value, args[0])
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation in (int, float, str, bool):
+        if isinstance(value, annotation) and not (annotation is int and isinstance(value, bool)):
+            return value
+        raise ConfigError(
+            f"config key '{path}' must be of type {annotation.__name__}, got {value!r} ({type(value).__name__})."
+        )
+    if annotation in (list, "list") or origin is list:
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        raise ConfigError(f"config key '{path}' must be a list, got {value!r}.")
+    return value
+
+
+def _build(cls, data: Any, prefix: str):
+    if dataclasses.is_dataclass(data):
+        data = config_to_dict(data)
+    if not isinstance(data, dict):
+        raise ConfigError(f"config section '{prefix or '<root>'}' must be a mapping, got {data!r}.")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" Did you mean '{prefix}{close[0]}'?" if close else ""
+            raise ConfigError(
+                f"unknown config key '{path}'.{hint} Valid keys here: {', '.join(names)}."
+            )
+        annotation = hints[key]
+        if dataclasses.is_dataclass(annotation):
+            kwargs[key] = _build(annotation, value, f"{path}.")
+        else:
+            value = _check_type(path, value, annotation)
+            choices = _KNOWN_CHOICES.get(path)
+            if choices is not None and value not in choices:
+                raise ConfigError(f"config key '{path}' must be one of {choices}, got {value!r}.")
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def load_config(data: Any = None, **overrides: Any) -> TrainConfig:
+    """Build a :class:`TrainConfig` from a (nested) mapping, a DictConfig or a dataclass.
+
+    ``overrides`` take dotted keys, e.g. ``load_config(cfg, **{"train.replay_ratio": 0.5})``.
+
+    Examples:
+        >>> from torchrl_muzero.trainers.config import load_config
+        >>> cfg = load_config({"mcts": {"num_simulations": 10}})
+        >>> cfg.mcts.num_simulations, cfg.env.id
+        (10, 'CartPole-v1')
+        >>> load_config({"mcts": {"num_simulation": 10}})
+        Traceback (most recent call last):
+        ...
+        torchrl_muzero.trainers.config.ConfigError: unknown config key 'mcts.num_simulation'. Did you mean 'mcts.num_simulations'? Valid keys here: num_simulations, discount, pb_c_base, pb_c_init, dirichlet_alpha, dirichlet_fraction, temperature, backend.
+    """
+    if data is None:
+        data = {}
+    if hasattr(data, "_content") or type(data).__name__ == "DictConfig":  # omegaconf
+        from omegaconf import OmegaConf
+
+        data = OmegaConf.to_container(data, resolve=True)
+    elif dataclasses.is_dataclass(data):
+        data = config_to_dict(data)
+    data = _deep_copy(data)
+    data.pop("hydra", None)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return _build(TrainConfig, data, "")
+
+
+def _deep_copy(d):
+    if isinstance(d, dict):
+        return {k: _deep_copy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deep_copy(v) for v in d]
+    return d
+
+
+def config_to_dict(cfg) -> dict:
+    """A plain nested dict of a config dataclass (for logs and checkpoints)."""
+    return dataclasses.asdict(cfg)

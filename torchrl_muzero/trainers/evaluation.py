@@ -1,0 +1,35 @@
+"""Greedy evaluation episodes with a frozen model."""
+from __future__ import annotations
+
+import torch
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from torchrl_muzero.mcts import MCTSConfig, MCTSPolicy
+
+__all__ = ["evaluate"]
+
+
+@torch.no_grad()
+def evaluate(model, env, mcts: MCTSConfig, max_steps: int = 100_000) -> list[float]:
+    """Play one episode in each of ``env``'s batched copies; return their returns.
+
+    The search runs greedily (no root noise, most-visited action). Episodes
+    that end early wait for the others; each copy counts its first episode only.
+    """
+    policy = MCTSPolicy(model, mcts, env.action_spec)
+    n = int(env.batch_size.numel()) if len(env.batch_size) else 1
+    returns = torch.zeros(n)
+    finished = torch.zeros(n, dtype=torch.bool)
+    td = env.reset()
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        for _ in range(max_steps):
+            td = policy(td)
+            td, next_root = env.step_and_maybe_reset(td)
+            reward = td["next", "reward"].reshape(n)
+            done = td["next", "done"].reshape(n)
+            returns += torch.where(finished, 0.0, reward)
+            finished |= done
+            if bool(finished.all()):
+                break
+            td = next_root
+    return returns.tolist()

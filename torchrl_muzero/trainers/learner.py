@@ -1,0 +1,98 @@
+"""The learner: model, target model, loss and optimizer, stepped on replay samples.
+
+Only the driver process holds a learner; it is the single owner of the
+trainable weights and of the replay buffer it samples from.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from torchrl_muzero.objectives import MuZeroLoss
+from torchrl_muzero.trainers.config import TrainConfig
+
+__all__ = ["Learner", "NonFiniteLossError"]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite: the run stops and keeps its last good checkpoint."""
+
+
+class Learner:
+    """One MuZero update per :meth:`step`: sample, loss, clipped Adam step, priorities back.
+
+    Args:
+        model: the trainable :class:`~torchrl_muzero.modules.MuZeroModel`.
+        buffer: a :class:`~torchrl_muzero.data.GameBuffer` (or anything with
+            ``sample(batch_size, model=..., target_model=...)`` and
+            ``update_priority(index, priority, stamp)``).
+        cfg: the run's :class:`~torchrl_muzero.trainers.config.TrainConfig`.
+        device: where the updates run.
+
+    Examples:
+        >>> from torchrl_muzero.trainers.learner import Learner   # doctest: +SKIP
+        >>> learner = Learner(model, buffer, cfg, torch.device("cpu"))  # doctest: +SKIP
+        >>> metrics = learner.step()  # doctest: +SKIP
+    """
+
+    def __init__(self, model, buffer, cfg: TrainConfig, device: torch.device) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.model = model.to(device)
+        self.target_model = copy.deepcopy(self.model).eval()
+        for p in self.target_model.parameters():
+            p.requires_grad_(False)
+        self.buffer = buffer
+        self.loss_module = MuZeroLoss(
+            self.model,
+            value_loss_weight=cfg.loss.value_loss_weight,
+            reward_loss_weight=cfg.loss.reward_loss_weight,
+            policy_loss_weight=cfg.loss.policy_loss_weight,
+            consistency_loss_weight=cfg.loss.consistency_loss_weight,
+        ).to(device)
+        self.optimizer = torch.optim.AdamW(
+            self.loss_module.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+        )
+        self.train_iter = 0
+
+    def step(self) -> dict[str, float]:
+        self.model.train()
+        batch = self.buffer.sample(self.cfg.optim.batch_size, model=self.model, target_model=self.target_model)
+        stamp = batch.get("stamp", None) if "stamp" in batch.keys() else None
+        out = self.loss_module(batch.to(self.device))
+        loss = sum(v for k, v in out.items() if k.startswith("loss_"))
+        if not math.isfinite(float(loss)):
+            parts = {k: float(v) for k, v in out.items() if k.startswith("loss_")}
+            raise NonFiniteLossError(f"the loss became non-finite at train step {self.train_iter}: {parts}")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.loss_module.parameters(), self.cfg.optim.max_grad_norm)
+        self.optimizer.step()
+        self.buffer.update_priority(batch["index"], out["priority"].detach().cpu(), stamp)
+        self.train_iter += 1
+        if self.train_iter % self.cfg.train.target_update_interval == 0:
+            self.target_model.load_state_dict(self.model.state_dict())
+        metrics = {k: float(v) for k, v in out.items() if v.numel() == 1}
+        metrics["loss"] = float(loss)
+        metrics["grad_norm"] = float(grad_norm)
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "target_model": self.target_model.state_dict(),
+            "loss_module": self.loss_module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "train_iter": self.train_iter,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.target_model.load_state_dict(state.get("target_model", state["model"]))
+        if "loss_module" in state:
+            self.loss_module.load_state_dict(state["loss_module"])
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.train_iter = int(state.get("train_iter", 0))

@@ -1,0 +1,91 @@
+"""The synchronous pipeline: collect -> train -> evaluate in turn, in one process."""
+from __future__ import annotations
+
+import torch
+from torchrl.collectors import Collector
+
+from torchrl_muzero.envs import make_env
+from torchrl_muzero.mcts import MCTSPolicy
+from torchrl_muzero.trainers.base import TrainerBase
+from torchrl_muzero.trainers.builders import mcts_config, temperature_at
+from torchrl_muzero.trainers.evaluation import evaluate
+
+__all__ = ["SyncTrainer", "episode_returns"]
+
+
+def episode_returns(batch) -> list[float]:
+    """Returns of the episodes that ended inside a collected batch (needs ``RewardSum``)."""
+    if ("next", "episode_reward") not in batch.keys(True):
+        return []
+    done = batch["next", "done"].squeeze(-1)
+    return batch["next", "episode_reward"].squeeze(-1)[done].tolist()
+
+
+class SyncTrainer(TrainerBase):
+    """MuZero training in one process: a torchrl ``Collector`` with ``MCTSPolicy``, then updates.
+
+    The reference semantics for :class:`~torchrl_muzero.trainers.AsyncTrainer`:
+    each collected batch of ``train.frames_per_batch`` env steps buys
+    ``frames * train.replay_ratio`` learner updates once
+    ``train.train_start_after_envsteps`` steps are in the buffer; an
+    evaluation runs every ``eval.interval`` updates.
+
+    Examples:
+        >>> from torchrl_muzero.trainers import SyncTrainer
+        >>> trainer = SyncTrainer({"train": {"total_env_steps": 512},
+        ...                        "logger": {"progress_bar": False}})  # doctest: +SKIP
+        >>> summary = trainer.run()  # doctest: +SKIP
+    """
+
+    def _loop(self) -> None:
+        cfg = self.cfg
+        env = make_env(cfg.env, seed=cfg.seed)
+        self.eval_env = make_env(cfg.env, num_envs=cfg.eval.num_episodes, seed=cfg.seed + 10_000, training=False)
+        self.policy = MCTSPolicy(self.learner.model, mcts_config(cfg), env.action_spec,
+                                 generator=torch.Generator(self.device).manual_seed(cfg.seed))
+        self.collector = Collector(env, self.policy, frames_per_batch=cfg.train.frames_per_batch,
+                                   total_frames=-1, auto_register_policy_transforms=False)
+        budget = 0.0
+        next_eval = self.learner.train_iter + (0 if cfg.async_pipeline.eval_at_start else cfg.eval.interval)
+        for batch in self.collector:
+            batch.set("policy_version", torch.full(batch.shape, self.learner.train_iter, dtype=torch.long))
+            self.buffer.extend(batch)
+            self.env_steps += batch.numel()
+            returns = episode_returns(batch)
+            self.episodes += len(returns)
+            if returns:
+                self.metrics.log(self.env_steps, {"collect/episode_return": sum(returns) / len(returns)})
+            if self.train_budget_ready():
+                budget += batch.numel() * cfg.train.replay_ratio
+                while budget >= 1:
+                    budget -= 1
+                    self.after_train_step(self.learner.step())
+                    if self.learner.train_iter >= next_eval:
+                        self._evaluate()
+                        next_eval = self.learner.train_iter + cfg.eval.interval
+            self.policy.config.temperature = temperature_at(cfg, self.env_steps / cfg.train.total_env_steps)
+            self.metrics.progress(self.env_steps, self.learner.train_iter, lag=0.0)
+            if self.should_stop():
+                break
+        if self.stop_reason and self.learner.train_iter and "stop_return" not in self.stop_reason:
+            self._evaluate()
+
+    def _evaluate(self) -> float:
+        cfg = self.cfg
+        sims = cfg.eval.num_simulations or cfg.mcts.num_simulations
+        returns = evaluate(self.learner.model, self.eval_env, mcts_config(cfg, temperature=0.0, num_simulations=sims))
+        mean = sum(returns) / len(returns)
+        version = self.learner.train_iter
+        self.metrics.log_eval(self.env_steps, version, version, mean)
+        self.save_evaluated(version, {k: v.detach().cpu().clone() for k, v in self.learner.model.state_dict().items()}, mean)
+        return mean
+
+    def _shutdown(self) -> None:
+        for name in ("collector",):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.shutdown()
+        for name in ("eval_env",):
+            env = getattr(self, name, None)
+            if env is not None and not env.is_closed:
+                env.close()
