@@ -944,14 +944,18 @@ class GameBuffer:
 
     def _model_values(self, model, observation: torch.Tensor) -> torch.Tensor:
         device = self._model_device(model, self.device)
-        was_training = model.training
-        model.eval()
+        was_training = getattr(model, "training", False)
+        if was_training:
+            model.eval()
         try:
             with torch.no_grad():
                 _, _, value_logits = model.initial_inference(observation.to(device))
-                values = model.value_support.decode(value_logits)
+                support = model.value_support
+                decode = getattr(support, "decode_fast", support.decode)  # same value, fewer kernels
+                values = decode(value_logits)
         finally:
-            model.train(was_training)
+            if was_training:
+                model.train()
         return values.float().reshape(-1).cpu()
 
     def _reanalyze(self, model, observation, action_mask, to_play) -> torch.Tensor:
@@ -960,8 +964,9 @@ class GameBuffer:
         config = self.mcts_config if self.mcts_config is not None else MCTSConfig(discount=self.discount)
         device = self._model_device(model, self.device)
         generator = self._generator if device.type == "cpu" else None
-        was_training = model.training
-        model.eval()
+        was_training = getattr(model, "training", False)
+        if was_training:
+            model.eval()
         try:
             with torch.no_grad():
                 result = search(
@@ -974,7 +979,8 @@ class GameBuffer:
                     generator=generator,
                 )
         finally:
-            model.train(was_training)
+            if was_training:
+                model.train()
         return result.search_policy.float().cpu()
 
     # ------------------------------------------------------------ priorities
@@ -1150,7 +1156,7 @@ class GameBuffer:
         if not os.path.exists(path):
             raise FileNotFoundError(f"no GameBuffer checkpoint at {path!r}.")
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain containers only
         except Exception as err:  # truncated / garbage files raise many different errors
             raise ValueError(f"cannot read GameBuffer checkpoint {path!r}: {type(err).__name__}: {err}") from err
         self.load_state_dict(state, _source=f"GameBuffer checkpoint {path!r}")

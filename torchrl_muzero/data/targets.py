@@ -41,6 +41,16 @@ class ValueTargetPlan(NamedTuple):
         inside: ``[B, K+1]`` bool, position ``k`` is stored (``k <= last``).
         absorbing: ``[B, K+1]`` bool, position ``k`` lies after a terminal
             observation (targets are exactly 0 there).
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.data import plan_value_targets
+        >>> # K = 2, n = 1: the root's episode terminates one step later
+        >>> exists = torch.tensor([[True, True, False, False]])
+        >>> terminal = torch.tensor([[False, True, False, False]])
+        >>> plan = plan_value_targets(exists, terminal, num_unroll_steps=2, td_steps=1)
+        >>> plan.inside.tolist(), plan.absorbing.tolist()
+        ([[True, True, False]], [[False, False, True]])
     """
 
     end: torch.Tensor
