@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from torchrl_muzero.envs import env_spaces, make_env
-from torchrl_muzero.trainers.builders import build_model, resolve_device
+from torchrl_muzero.trainers.builders import build_buffer, build_model, resolve_device
 from torchrl_muzero.trainers.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -49,9 +49,7 @@ class TrainerBase:
         self.observation_shape, self.num_actions = env_spaces(probe)
         probe.close()
         model = build_model(cfg, self.observation_shape, self.num_actions)
-        from torchrl_muzero.data import GameBuffer
-
-        self.buffer = GameBuffer.from_config(cfg, self.num_actions)
+        self.buffer = build_buffer(cfg)
         self.learner = Learner(model, self.buffer, cfg, self.device)
         self.env_steps = 0
         self.episodes = 0

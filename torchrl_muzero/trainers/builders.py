@@ -7,7 +7,7 @@ from torchrl_muzero.mcts import MCTSConfig
 from torchrl_muzero.modules import MuZeroMLPModel, MuZeroModel
 from torchrl_muzero.trainers.config import TrainConfig
 
-__all__ = ["build_model", "mcts_config", "resolve_device", "temperature_at"]
+__all__ = ["build_buffer", "build_model", "mcts_config", "resolve_device", "temperature_at"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -72,3 +72,24 @@ def temperature_at(cfg: TrainConfig, progress: float) -> float:
         if progress < until:
             return cfg.mcts.temperature * float(value)
     return cfg.mcts.temperature * float(cfg.train.temperature_schedule[-1][1])
+
+
+def build_buffer(cfg: TrainConfig, seed: int | None = None):
+    """The run's :class:`~torchrl_muzero.data.GameBuffer` (frames stored once for Atari stacks)."""
+    from torchrl_muzero.data import GameBuffer
+
+    b = cfg.buffer
+    return GameBuffer(
+        b.capacity,
+        num_unroll_steps=b.num_unroll_steps,
+        td_steps=b.td_steps,
+        discount=cfg.mcts.discount,
+        frame_stack=cfg.env.frame_stack if cfg.env.kind == "atari" else 1,
+        alpha=b.alpha,
+        beta=b.beta,
+        beta_annealing_steps=b.beta_anneal_steps,
+        reanalyze_ratio=b.reanalyze_ratio,
+        mcts_config=mcts_config(cfg),
+        with_future_observations=cfg.loss.consistency_loss_weight > 0,
+        seed=cfg.seed if seed is None else seed,
+    )
