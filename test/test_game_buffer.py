@@ -647,6 +647,28 @@ def test_rows_whose_frame_history_was_evicted_are_not_sampled():
     assert buf.num_sampleable == 6
 
 
+def test_trajectory_continuing_after_its_stored_rows_were_evicted():
+    a, b = _stacked_stream(12, seed=1), _stacked_stream(12, seed=2)
+    buf = GameBuffer(20, observation_key="pixels", frame_stack=4, num_unroll_steps=1, td_steps=1, alpha=0.0, seed=0,
+                     with_future_observations=True)
+    buf.extend(_pixel_chunk(a, 0, 4, traj=0))  # 5 rows, A's newest observation t = 4 pending
+    buf.extend(_pixel_chunk(b, 0, 9, traj=1))  # 10 rows
+    buf.extend(_pixel_chunk(b, 9, 12, traj=1, done_at_end=True))  # 3 rows (first one completes B's t = 9)
+    buf.extend(_pixel_chunk(b[:5], 0, 4, traj=2))  # 5 rows: A's segment (and its pending row) is evicted
+    assert 0 not in buf._open
+    buf.extend(_pixel_chunk(a, 4, 10, traj=0))  # A continues without its history: 7 rows
+    rows = buf[torch.arange(20)]
+    a_live = rows["alive"] & rows["is_step"] & (rows["traj_id"] == 0)
+    assert sorted(rows["root_value"][a_live].long().tolist()) == list(range(4, 10))
+    sample = buf.sample(300)
+    got = buf[sample["index"][:, 0]]
+    is_a = got["traj_id"] == 0
+    t = got["root_value"].long()
+    assert set(t[is_a].tolist()) == set(range(7, 10))  # t = 4, 5, 6 lack frames t = 1..3
+    assert torch.equal(sample["observation"][is_a, 0], a[t[is_a]])
+    assert torch.equal(sample["observation"][is_a, 1], a[t[is_a] + 1])
+
+
 def test_bytes_per_atari_transition():
     """84x84 uint8 frames stacked by 4: at most 1.05 frames' bytes per stored transition."""
     T, n_env = 250, 4

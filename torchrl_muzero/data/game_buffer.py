@@ -669,6 +669,11 @@ class GameBuffer:
             self._evict(dead)
 
     def _evict(self, dead: torch.Tensor) -> None:
+        # running trajectories whose newest row goes: forget them (a later chunk starts afresh)
+        for slot in dead[self._kind[dead] == _OPEN].tolist():
+            tid = int(self._traj[slot])
+            if self._open.get(tid, (None,))[0] == slot:
+                del self._open[tid]
         self._alive[dead] = False
         self._hist_ok[dead] = False
         self._priority[dead] = 0.0
@@ -834,7 +839,7 @@ class GameBuffer:
         """
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-        if self.num_sampleable == 0:
+        if not self._tree.total() > 0:
             raise RuntimeError("GameBuffer.sample: no transition can be sampled yet (extend the buffer first).")
         model = model if model is not None else self.model
         target_model = target_model if target_model is not None else self.target_model
