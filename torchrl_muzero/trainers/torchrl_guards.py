@@ -307,7 +307,7 @@ class LockedPolicy(TensorDictModuleBase):
         return out
 
     def __getstate__(self):
-        state = super().__getstate__()
+        state = dict(super().__getstate__())  # a copy: never drop the live object's lock
         state.pop("_lock", None)
         return state
 
