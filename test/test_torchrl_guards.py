@@ -26,6 +26,7 @@ from torchrl_muzero.trainers.torchrl_guards import (
     PolicyVersionMap,
     WeightPublishError,
     asyncenvpool_is_fixed,
+    find_locked_policy,
     publish_weights,
     snapshot_weights,
 )
@@ -376,8 +377,26 @@ def test_worker_failures_raise_naming_the_worker_instead_of_hanging():
         collector.shutdown(raise_on_error=False)
 
 
+def test_find_locked_policy_through_wrappers():
+    locked = make_locked_twin_policy()
+
+    class Wrapper(TensorDictModuleBase):
+        in_keys, out_keys = locked.in_keys, locked.out_keys
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+    assert find_locked_policy(locked) is locked
+    assert find_locked_policy(Wrapper(locked)) is locked
+    with pytest.raises(TypeError, match="contains 0"):
+        find_locked_policy(make_twin_policy())
+    with pytest.raises(TypeError, match="contains 2"):
+        find_locked_policy(nn.ModuleList([locked, make_locked_twin_policy()]))
+
+
 def test_worker_policy_must_be_locked():
-    with pytest.raises(TypeError, match="must be a LockedPolicy"):
+    with pytest.raises(TypeError, match="must be, or contain exactly one, LockedPolicy"):
         collector = MultiSyncCollector(
             [make_env],
             policy_factory=make_twin_policy,

@@ -93,6 +93,7 @@ __all__ = [
     "PolicyVersionMap",
     "WeightPublishError",
     "asyncenvpool_is_fixed",
+    "find_locked_policy",
     "publish_weights",
     "snapshot_weights",
 ]
@@ -316,6 +317,22 @@ class LockedPolicy(TensorDictModuleBase):
         self._lock = threading.RLock()
 
 
+def find_locked_policy(policy: Any) -> LockedPolicy:
+    """The one :class:`LockedPolicy` in ``policy`` (itself or a submodule, e.g. under a wrapper).
+
+    Raises ``TypeError`` if there is none or more than one: the weight updates
+    must take the lock of the policy call that uses the weights.
+    """
+    found = [m for m in policy.modules() if isinstance(m, LockedPolicy)] if isinstance(policy, nn.Module) else []
+    if len(found) != 1:
+        raise TypeError(
+            "GuardedWeightSyncScheme: the worker policy must be, or contain exactly one, LockedPolicy "
+            f"(build it in policy_factory); {type(policy).__name__} contains {len(found)}. Without the "
+            "lock a weight update can land in the middle of a policy call."
+        )
+    return found[0]
+
+
 # --------------------------------------------------------------------------- #
 # The guarded scheme (bugs 1-5)
 # --------------------------------------------------------------------------- #
@@ -342,8 +359,9 @@ class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
       copies the weights into a shared-memory staging buffer the scheme owns
       (one contiguous block, detached, CPU) and reuses while every worker
       acknowledges; workers copy it into their own parameters.
-    * Workers must run a :class:`LockedPolicy` (built by ``policy_factory``):
-      updates are copied in under its lock and set its version.
+    * Workers must run a :class:`LockedPolicy`, possibly under wrappers
+      (built by ``policy_factory``): updates are copied in under its lock and
+      set its version.
     * ``send()`` numbers each publish (1, 2, ...; the initial weights are 0),
       waits for every targeted worker at most ``timeout_s`` seconds, notices
       dead workers, and raises :class:`WeightPublishError` naming the worker
@@ -561,14 +579,7 @@ class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
 
     # --------------------------------------------------------- receiver side
     def _target_policy(self) -> LockedPolicy:
-        model = self.model
-        if not isinstance(model, LockedPolicy):
-            raise TypeError(
-                "GuardedWeightSyncScheme: the worker policy must be a LockedPolicy "
-                f"(build it in policy_factory), got {type(model).__name__}. Without the lock a "
-                "weight update can land in the middle of a policy call."
-            )
-        return model
+        return find_locked_policy(self.model)
 
     def _apply_received(self, weights: TensorDictBase, version: int) -> None:
         self._target_policy().load_published_weights(weights, version)
