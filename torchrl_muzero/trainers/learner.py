@@ -63,7 +63,7 @@ class Learner:
         stamp = batch.get("stamp", None) if "stamp" in batch.keys() else None
         out = self.loss_module(batch.to(self.device))
         loss = sum(v for k, v in out.items() if k.startswith("loss_"))
-        if not math.isfinite(float(loss)):
+        if not math.isfinite(float(loss.detach())):
             parts = {k: float(v) for k, v in out.items() if k.startswith("loss_")}
             raise NonFiniteLossError(f"the loss became non-finite at train step {self.train_iter}: {parts}")
         self.optimizer.zero_grad(set_to_none=True)

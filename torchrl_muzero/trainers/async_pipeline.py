@@ -1,0 +1,310 @@
+"""The asynchronous pipeline: collection and evaluation overlap learning.
+
+Same training semantics as :class:`~torchrl_muzero.trainers.SyncTrainer`
+(LightZero's async segment pipeline, see DESIGN.md): the driver process owns
+the buffer, the learner and every priority update; collector workers
+(torchrl ``MultiAsyncCollector``, one ``MCTSPolicy`` each) and evaluator
+processes only receive immutable weight snapshots and return data.
+
+Event loop of the driver::
+
+    take finished collections (blocking only when there is nothing to train)
+      -> buffer.extend, one train budget (frames * replay_ratio) per batch
+    train a chunk of at most max_train_chunk_steps updates
+      -> publish weights when train_iter advanced by weight_sync_interval,
+         or before a collector's lag would exceed max_policy_lag
+    take evaluation results -> checkpoint of exactly the evaluated version
+    hand the newest snapshot to an idle evaluator
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections import deque
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torchrl.collectors import MultiAsyncCollector
+
+from torchrl_muzero.envs import make_env
+from torchrl_muzero.mcts import MCTSPolicy
+from torchrl_muzero.trainers.base import TrainerBase, TrainingStopped
+from torchrl_muzero.trainers.builders import build_model, mcts_config, temperature_at
+from torchrl_muzero.trainers.config import config_to_dict, load_config
+from torchrl_muzero.trainers.evaluator import EvaluatorPool, WorkerDied
+from torchrl_muzero.trainers.sync import episode_returns
+from torchrl_muzero.trainers.torchrl_guards import (
+    GuardedWeightSyncScheme,
+    LockedPolicy,
+    PolicyVersionMap,
+    WeightPublishError,
+    publish_weights,
+)
+
+__all__ = ["AsyncTrainer"]
+
+# index of the driver-written values in the shared control tensor read by workers
+_LEARNER_ITER, _TEMPERATURE = 0, 1
+
+
+class _ControlledPolicy(TensorDictModuleBase):
+    """Worker-side wrapper: reads the driver's live counters from shared memory.
+
+    Writes ``"learner_iter"``, the learner's ``train_iter`` when the action was
+    chosen (read after the search, so ``learner_iter - version`` is an upper
+    bound of the policy lag of that frame), and follows the driver's
+    temperature schedule.
+    """
+
+    def __init__(self, policy: LockedPolicy, control: torch.Tensor) -> None:
+        super().__init__()
+        self.policy = policy
+        self.control = control
+        self.in_keys = list(policy.in_keys)
+        self.out_keys = [*policy.out_keys, "learner_iter"]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        self.policy.policy.config.temperature = float(self.control[_TEMPERATURE])
+        out = self.policy(tensordict)
+        out.set("learner_iter", torch.full(out.batch_size, int(self.control[_LEARNER_ITER]), dtype=torch.int64))
+        return out
+
+
+def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, action_spec, control: torch.Tensor,
+                        device: str = "cpu"):
+    """Runs in each collector worker (``policy_factory``): a fresh model the scheme fills with weights."""
+    torch.set_num_threads(1)
+    cfg = load_config(cfg_dict)
+    model = build_model(cfg, observation_shape, num_actions).to(device).eval()
+    policy = MCTSPolicy(model, mcts_config(cfg), action_spec)
+    return _ControlledPolicy(LockedPolicy(policy, weights_module=model), control)
+
+
+def _make_worker_env(env_cfg, seed: int):
+    return make_env(env_cfg, seed=seed)
+
+
+class AsyncTrainer(TrainerBase):
+    """MuZero with collection and evaluation in their own processes.
+
+    Knobs (``cfg.async_pipeline``, LightZero's names and meanings):
+    ``num_collector_actors`` collector workers, ``num_evaluator_actors``
+    evaluators with at most ``max_eval_inflight`` evaluations at once,
+    ``max_train_chunk_steps`` updates between polls, ``weight_sync_interval``
+    and ``max_policy_lag`` for publishing, ``max_train_budget_queue_size``
+    for backpressure (inactive during the cold start), ``eval_at_start``,
+    ``poll_interval_s`` and ``shutdown_timeout_s``. Policy lag per frame is
+    logged and bounded by ``max(weight_sync_interval, max_policy_lag)``.
+
+    Examples:
+        >>> from torchrl_muzero.trainers import AsyncTrainer
+        >>> trainer = AsyncTrainer({"train": {"total_env_steps": 2048}})  # doctest: +SKIP
+        >>> summary = trainer.run()  # doctest: +SKIP
+    """
+
+    def _loop(self) -> None:
+        cfg, ap = self.cfg, self.cfg.async_pipeline
+        for knob in ("collector_num_gpus", "evaluator_num_gpus"):
+            if getattr(ap, knob) > 0 and not torch.cuda.is_available():
+                raise ValueError(f"async_pipeline.{knob}={getattr(ap, knob)} asks for GPU actors, "
+                                 "but CUDA is not available on this machine.")
+        collector_device = "cuda" if ap.collector_num_gpus > 0 else "cpu"
+        self.versions = PolicyVersionMap(initial_train_iter=self.learner.train_iter)
+        self.published_iter = self.learner.train_iter
+        self.lag_max = 0
+        self.lag_sum = 0.0
+        self.lag_frames = 0
+        self.learner_busy_s = 0.0
+        cfg_dict = config_to_dict(cfg)
+
+        control = torch.zeros(2, dtype=torch.float64).share_memory_()
+        control[_LEARNER_ITER] = self.learner.train_iter
+        control[_TEMPERATURE] = temperature_at(cfg, self.env_steps / cfg.train.total_env_steps)
+        self.control = control
+        probe = make_env(cfg.env, num_envs=1, seed=cfg.seed)
+        action_spec = probe.action_spec[0] if len(probe.batch_size) else probe.action_spec
+        probe.close()
+        n_workers = ap.num_collector_actors
+        self.scheme = GuardedWeightSyncScheme(initial_weights=self.learner.model, timeout_s=ap.shutdown_timeout_s)
+        self.collector = MultiAsyncCollector(
+            [functools.partial(_make_worker_env, cfg.env, cfg.seed + 1000 * (i + 1)) for i in range(n_workers)],
+            policy_factory=functools.partial(
+                _make_worker_policy, cfg_dict, self.observation_shape, self.num_actions, action_spec, control,
+                collector_device,
+            ),
+            frames_per_batch=cfg.train.frames_per_batch,
+            total_frames=-1,
+            weight_sync_schemes={"policy": self.scheme},
+            use_buffers=False,  # batches travel as copies: the driver never reads a buffer a worker refills
+            auto_register_policy_transforms=False,
+        )
+        self.evaluators = None
+        if ap.num_evaluator_actors > 0:
+            self.evaluators = EvaluatorPool(cfg_dict, self.observation_shape, self.num_actions,
+                                            ap.num_evaluator_actors, ap.max_eval_inflight)
+        self._run_event_loop()
+
+    # -- the driver's event loop -------------------------------------------------
+    def _run_event_loop(self) -> None:
+        cfg, ap = self.cfg, self.cfg.async_pipeline
+        queue_cap = ap.max_train_budget_queue_size or 2 * ap.num_collector_actors
+        budgets: deque[float] = deque()  # one budget per collected batch, consumed in order
+        iterator = iter(self.collector)
+        last_eval_submitted = -1
+        if ap.eval_at_start:
+            self._submit_eval(force=True)
+            last_eval_submitted = self.learner.train_iter
+        while not self.should_stop():
+            cold = not self.train_budget_ready()
+            # 1. collected data. Block only when there is nothing to train; during the cold
+            #    start the budget queue does not throttle collection.
+            while True:
+                have_budget = sum(budgets) >= 1
+                if have_budget and (not self._batch_ready() or (not cold and len(budgets) >= queue_cap)):
+                    break
+                self._take_batch(self._next_batch(iterator), budgets)
+                cold = not self.train_budget_ready()
+                if self.should_stop():
+                    return
+            # 2. a chunk of training
+            steps = min(ap.max_train_chunk_steps, int(math.floor(sum(budgets))))
+            t0 = time.monotonic()
+            for _ in range(steps):
+                self._publish_if_due(before_step=True)
+                self.after_train_step(self.learner.step())
+                self.control[_LEARNER_ITER] = self.learner.train_iter
+                self._spend(budgets, 1.0)
+            self.learner_busy_s += time.monotonic() - t0
+            self._publish_if_due(before_step=False)
+            # 3. evaluations
+            if self.evaluators is not None:
+                for result in self.evaluators.poll():
+                    self._record_eval(result)
+                if self.learner.train_iter - max(last_eval_submitted, 0) >= cfg.eval.interval and self._submit_eval():
+                    last_eval_submitted = self.learner.train_iter
+            self.metrics.progress(self.env_steps, self.learner.train_iter, lag=self._mean_lag())
+        # final evaluation of the last weights, waited for (bounded)
+        if self.evaluators is not None and self.learner.train_iter and "stop_return" not in (self.stop_reason or ""):
+            self._final_eval()
+
+    def _batch_ready(self) -> bool:
+        # MultiAsyncCollector hands out one worker batch per next(); a non-empty output
+        # queue means next() will not block.
+        q = getattr(self.collector, "queue_out", None)
+        return q is not None and not q.empty()
+
+    @staticmethod
+    def _spend(budgets: deque, amount: float) -> None:
+        while amount > 0 and budgets:
+            take = min(amount, budgets[0])
+            budgets[0] -= take
+            amount -= take
+            if budgets[0] <= 1e-9:
+                budgets.popleft()
+
+    def _take_batch(self, batch: TensorDictBase, budgets: deque) -> None:
+        batch = batch.clone() if batch.is_shared() else batch
+        versions = batch.get("policy_version")
+        train_iters = self.versions.train_iters(versions)
+        batch.set("policy_version", train_iters)
+        lag = batch.get("learner_iter") - train_iters
+        self.lag_max = max(self.lag_max, int(lag.max()))
+        self.lag_sum += float(lag.float().sum())
+        self.lag_frames += lag.numel()
+        self.buffer.extend(batch.exclude("learner_iter"))
+        frames = batch.numel()
+        self.env_steps += frames
+        returns = episode_returns(batch)
+        self.episodes += len(returns)
+        values = {"collect/policy_lag_max": self.lag_max, "collect/policy_lag_mean": self._mean_lag(),
+                  "buffer/size": len(self.buffer)}
+        if returns:
+            values["collect/episode_return"] = sum(returns) / len(returns)
+        self.metrics.log(self.env_steps, values)
+        if self.train_budget_ready():
+            budgets.append(frames * self.cfg.train.replay_ratio)
+        self.control[_TEMPERATURE] = temperature_at(self.cfg, self.env_steps / self.cfg.train.total_env_steps)
+
+    def _mean_lag(self) -> float:
+        return self.lag_sum / max(self.lag_frames, 1)
+
+    def _publish_if_due(self, before_step: bool) -> None:
+        ap = self.cfg.async_pipeline
+        gap = self.learner.train_iter - self.published_iter
+        # before an update: publish if that update would put the workers past max_policy_lag
+        forced = before_step and ap.max_policy_lag > 0 and gap + 1 > ap.max_policy_lag
+        due = not before_step and gap >= ap.weight_sync_interval
+        if gap > 0 and (forced or due):
+            try:
+                publish_weights(self.collector, self.learner.model, timeout_s=ap.shutdown_timeout_s,
+                                train_iter=self.learner.train_iter, version_map=self.versions)
+            except WeightPublishError as err:
+                raise TrainingStopped(f"weight publishing failed: {err}") from err
+            self.published_iter = self.learner.train_iter
+
+    def _snapshot(self) -> dict:
+        return {k: v.detach().cpu().clone() for k, v in self.learner.model.state_dict().items()}
+
+    def _submit_eval(self, force: bool = False) -> bool:
+        if self.evaluators is None or not self.evaluators.can_submit():
+            return False
+        version = self.learner.train_iter
+        weights = self._snapshot()
+        self._pending_eval = getattr(self, "_pending_eval", {})
+        self._pending_eval[version] = weights  # the exact weights, saved when their score arrives
+        self.evaluators.submit(version, weights)
+        return True
+
+    def _record_eval(self, result) -> None:
+        weights = self._pending_eval.pop(result.version)
+        self.metrics.log_eval(self.env_steps, self.learner.train_iter, result.version, result.mean_return)
+        self.save_evaluated(result.version, weights, result.mean_return)
+
+    def _final_eval(self) -> None:
+        deadline = time.monotonic() + self.cfg.async_pipeline.shutdown_timeout_s * 4
+        while self.evaluators.inflight and time.monotonic() < deadline:
+            for result in self.evaluators.poll():
+                self._record_eval(result)
+            time.sleep(self.cfg.async_pipeline.poll_interval_s)
+        if self._submit_eval():
+            while self.evaluators.inflight and time.monotonic() < deadline:
+                for result in self.evaluators.poll():
+                    self._record_eval(result)
+                time.sleep(self.cfg.async_pipeline.poll_interval_s)
+
+    def _counters(self) -> dict:
+        counters = super()._counters()
+        counters.update(policy_lag_max=getattr(self, "lag_max", 0), policy_lag_mean=self._mean_lag()
+                        if hasattr(self, "lag_frames") else 0.0,
+                        learner_busy_fraction=getattr(self, "learner_busy_s", 0.0) / max(self.metrics.wall(), 1e-6))
+        return counters
+
+    def _shutdown(self) -> None:
+        errors = []
+        for name in ("collector", "evaluators"):
+            obj = getattr(self, name, None)
+            if obj is None:
+                continue
+            try:
+                if name == "evaluators":
+                    obj.shutdown(self.cfg.async_pipeline.shutdown_timeout_s)
+                else:
+                    obj.shutdown()
+            except Exception as err:  # keep shutting the others down
+                errors.append(f"{name}: {err}")
+            setattr(self, name, None)
+        if errors:
+            print("torchrl_muzero: errors while shutting down: " + "; ".join(errors))
+
+    def _next_batch(self, iterator) -> TensorDictBase:
+        """``next(iterator)``, with a dead collector worker turned into a clear stop."""
+        try:
+            return next(iterator)
+        except RuntimeError as err:
+            dead = [f"collector worker {i} (pid {p.pid}, exit code {p.exitcode})"
+                    for i, p in enumerate(getattr(self.collector, "procs", [])) if not p._closed and not p.is_alive()]
+            if dead or "process failed" in str(err) or "exit code" in str(err):
+                raise WorkerDied(f"{', '.join(dead) or 'a collector worker'} died: {err}") from err
+            raise

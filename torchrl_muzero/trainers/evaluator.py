@@ -1,0 +1,136 @@
+"""Evaluator processes: greedy episodes on immutable weight snapshots.
+
+Each result carries the policy version it evaluated, so the driver can save
+the checkpoint of exactly the weights that scored it.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import traceback
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as mp
+
+from torchrl_muzero.trainers.base import TrainingStopped
+
+__all__ = ["EvalResult", "EvaluatorPool", "WorkerDied"]
+
+
+class WorkerDied(TrainingStopped):
+    """A worker process of the pipeline died or reported an error."""
+
+
+@dataclass
+class EvalResult:
+    version: int
+    returns: list
+
+    @property
+    def mean_return(self) -> float:
+        return sum(self.returns) / max(len(self.returns), 1)
+
+
+def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results, parent_pid, index):
+    torch.set_num_threads(1)
+    try:
+        from torchrl_muzero.envs import make_env
+        from torchrl_muzero.trainers.builders import build_model, mcts_config
+        from torchrl_muzero.trainers.config import load_config
+        from torchrl_muzero.trainers.evaluation import evaluate
+
+        cfg = load_config(cfg_dict)
+        model = build_model(cfg, observation_shape, num_actions).eval()
+        env = make_env(cfg.env, num_envs=cfg.eval.num_episodes, seed=cfg.seed + 10_000 + index, training=False)
+        sims = cfg.eval.num_simulations or cfg.mcts.num_simulations
+        mcts = mcts_config(cfg, temperature=0.0, num_simulations=sims)
+        while True:
+            try:
+                request = requests.get(timeout=1.0)
+            except queue.Empty:
+                if os.getppid() != parent_pid:  # the driver is gone: do not linger
+                    return
+                continue
+            if request is None:
+                break
+            version, weights = request
+            model.load_state_dict(weights)
+            results.put(("ok", index, version, evaluate(model, env, mcts)))
+        env.close()
+    except BaseException:  # report, then exit non-zero: the driver names us in its error
+        results.put(("error", index, -1, traceback.format_exc()))
+        raise
+
+
+class EvaluatorPool:
+    """``num_evaluators`` evaluator processes fed with ``(version, weights)`` snapshots.
+
+    :meth:`submit` hands a snapshot to an idle evaluator (at most
+    ``max_inflight`` at once); :meth:`poll` returns finished results and
+    raises :class:`WorkerDied` naming the evaluator if one died or failed.
+    """
+
+    def __init__(self, cfg_dict: dict, observation_shape, num_actions: int, num_evaluators: int = 1,
+                 max_inflight: int = 1) -> None:
+        ctx = mp.get_context("spawn")
+        self.results = ctx.Queue()
+        self.requests = []
+        self.procs = []
+        self.busy = []
+        self.max_inflight = max(1, max_inflight)
+        for i in range(num_evaluators):
+            q = ctx.Queue()
+            p = ctx.Process(target=_evaluator_main, name=f"muzero-evaluator-{i}",
+                            args=(cfg_dict, observation_shape, num_actions, q, self.results, os.getpid(), i),
+                            daemon=True)
+            p.start()
+            self.requests.append(q)
+            self.procs.append(p)
+            self.busy.append(False)
+
+    @property
+    def inflight(self) -> int:
+        return sum(self.busy)
+
+    def can_submit(self) -> bool:
+        return self.inflight < self.max_inflight and not all(self.busy)
+
+    def submit(self, version: int, weights: dict) -> None:
+        idx = self.busy.index(False)
+        self.busy[idx] = True
+        self.requests[idx].put((version, weights))
+
+    def poll(self) -> list[EvalResult]:
+        self.check_alive()
+        out = []
+        while True:
+            try:
+                status, idx, version, payload = self.results.get_nowait()
+            except queue.Empty:
+                return out
+            if status == "error":
+                raise WorkerDied(f"evaluator process {idx} failed:\n{payload}")
+            self.busy[idx] = False
+            out.append(EvalResult(version, payload))
+
+    def check_alive(self) -> None:
+        for i, p in enumerate(self.procs):
+            if not p.is_alive():
+                raise WorkerDied(f"evaluator process {i} (pid {p.pid}) died with exit code {p.exitcode}.")
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        for q, p in zip(self.requests, self.procs):
+            if p.is_alive():
+                try:
+                    q.put(None)
+                except Exception:
+                    pass
+        for p in self.procs:
+            p.join(timeout=timeout_s)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for q in [*self.requests, self.results]:
+            q.cancel_join_thread()
+            q.close()
