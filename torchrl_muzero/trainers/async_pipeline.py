@@ -49,16 +49,62 @@ __all__ = ["AsyncTrainer"]
 _LEARNER_ITER, _TEMPERATURE = 0, 1
 
 
+class SharedControl:
+    """A few float64 values the driver writes and every worker reads, in a shared file mapping.
+
+    A shared-memory tensor handed to ``policy_factory`` does not stay shared:
+    torchrl copies the factory on its way to the workers (measured: workers
+    kept reading 0). A file mapping survives any pickling: only the path
+    travels, and each process maps the same pages.
+    """
+
+    def __init__(self, size: int, path: str | None = None) -> None:
+        import os
+        import tempfile
+
+        if path is None:
+            folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            fd, path = tempfile.mkstemp(prefix="torchrl_muzero_control_", dir=folder)
+            os.close(fd)
+            with open(path, "wb") as f:
+                f.write(b"\0" * 8 * size)
+            self.owner = True
+        else:
+            self.owner = False
+        self.path, self.size = path, size
+        self.values = torch.from_file(path, shared=True, size=size, dtype=torch.float64)
+
+    def __getstate__(self):
+        return {"path": self.path, "size": self.size}
+
+    def __setstate__(self, state):
+        self.__init__(state["size"], state["path"])
+
+    def __getitem__(self, i: int) -> float:
+        return float(self.values[i])
+
+    def __setitem__(self, i: int, value: float) -> None:
+        self.values[i] = value
+
+    def close(self) -> None:
+        import os
+
+        if self.owner and os.path.exists(self.path):
+            os.unlink(self.path)
+
+
 class _ControlledPolicy(TensorDictModuleBase):
     """Worker-side wrapper: reads the driver's live counters from shared memory.
 
-    Writes ``"learner_iter"``, the learner's ``train_iter`` when the action was
-    chosen (read after the search, so ``learner_iter - version`` is an upper
-    bound of the policy lag of that frame), and follows the driver's
-    temperature schedule.
+    It sits *inside* the :class:`LockedPolicy`, so it runs under the lock that
+    weight updates take: the ``"learner_iter"`` it writes (the learner's
+    ``train_iter`` once the search is done) and the version the lock holder
+    writes belong to the same instant, and ``learner_iter - version`` is the
+    exact policy lag of the frame. It also follows the driver's temperature
+    schedule.
     """
 
-    def __init__(self, policy: LockedPolicy, control: torch.Tensor) -> None:
+    def __init__(self, policy: MCTSPolicy, control: SharedControl) -> None:
         super().__init__()
         self.policy = policy
         self.control = control
@@ -66,20 +112,20 @@ class _ControlledPolicy(TensorDictModuleBase):
         self.out_keys = [*policy.out_keys, "learner_iter"]
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        self.policy.policy.config.temperature = float(self.control[_TEMPERATURE])
+        self.policy.config.temperature = float(self.control[_TEMPERATURE])
         out = self.policy(tensordict)
         out.set("learner_iter", torch.full(out.batch_size, int(self.control[_LEARNER_ITER]), dtype=torch.int64))
         return out
 
 
-def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, action_spec, control: torch.Tensor,
+def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, action_spec, control: SharedControl,
                         device: str = "cpu"):
     """Runs in each collector worker (``policy_factory``): a fresh model the scheme fills with weights."""
     torch.set_num_threads(1)
     cfg = load_config(cfg_dict)
     model = build_model(cfg, observation_shape, num_actions).to(device).eval()
     policy = MCTSPolicy(model, mcts_config(cfg), action_spec)
-    return _ControlledPolicy(LockedPolicy(policy, weights_module=model), control)
+    return LockedPolicy(_ControlledPolicy(policy, control), weights_module=model)
 
 
 def _make_worker_env(env_cfg, seed: int):
@@ -119,7 +165,7 @@ class AsyncTrainer(TrainerBase):
         self.learner_busy_s = 0.0
         cfg_dict = config_to_dict(cfg)
 
-        control = torch.zeros(2, dtype=torch.float64).share_memory_()
+        control = SharedControl(2)
         control[_LEARNER_ITER] = self.learner.train_iter
         control[_TEMPERATURE] = temperature_at(cfg, self.env_steps / cfg.train.total_env_steps)
         self.control = control
@@ -176,8 +222,8 @@ class AsyncTrainer(TrainerBase):
                 self.after_train_step(self.learner.step())
                 self.control[_LEARNER_ITER] = self.learner.train_iter
                 self._spend(budgets, 1.0)
+                self._publish_if_due(before_step=False)
             self.learner_busy_s += time.monotonic() - t0
-            self._publish_if_due(before_step=False)
             # 3. evaluations
             if self.evaluators is not None:
                 for result in self.evaluators.poll():
@@ -295,6 +341,8 @@ class AsyncTrainer(TrainerBase):
             except Exception as err:  # keep shutting the others down
                 errors.append(f"{name}: {err}")
             setattr(self, name, None)
+        if getattr(self, "control", None) is not None:
+            self.control.close()
         if errors:
             print("torchrl_muzero: errors while shutting down: " + "; ".join(errors))
 
