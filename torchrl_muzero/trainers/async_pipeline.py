@@ -287,7 +287,7 @@ class AsyncTrainer(TrainerBase):
                 publish_weights(self.collector, self.learner.model, timeout_s=ap.shutdown_timeout_s,
                                 train_iter=self.learner.train_iter, version_map=self.versions)
             except WeightPublishError as err:
-                raise TrainingStopped(f"weight publishing failed: {err}") from err
+                raise WorkerDied(f"weight publishing to the collector workers failed: {err}") from err
             self.published_iter = self.learner.train_iter
 
     def _snapshot(self) -> dict:

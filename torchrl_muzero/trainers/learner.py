@@ -74,8 +74,8 @@ class Learner:
         self.train_iter += 1
         if self.train_iter % self.cfg.train.target_update_interval == 0:
             self.target_model.load_state_dict(self.model.state_dict())
-        metrics = {k: float(v) for k, v in out.items() if v.numel() == 1}
-        metrics["loss"] = float(loss)
+        metrics = {k: float(v.detach()) for k, v in out.items() if v.numel() == 1}
+        metrics["loss"] = float(loss.detach())
         metrics["grad_norm"] = float(grad_norm)
         return metrics
 

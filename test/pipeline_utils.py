@@ -1,0 +1,88 @@
+"""Helpers for pipeline tests: tiny configs and process accounting."""
+from __future__ import annotations
+
+import os
+
+
+def tiny_config(run_dir, **overrides) -> dict:
+    cfg = {
+        "run_dir": str(run_dir),
+        "env": {"num_envs": 4},
+        "model": {"latent_dim": 16, "hidden_dim": 16},
+        "mcts": {"num_simulations": 4, "discount": 0.97},
+        "optim": {"batch_size": 32},
+        "buffer": {"capacity": 5000, "num_unroll_steps": 3, "td_steps": 5},
+        "train": {"total_env_steps": 512, "train_start_after_envsteps": 128, "frames_per_batch": 64,
+                  "replay_ratio": 0.25, "checkpoint_interval": 10},
+        "eval": {"num_episodes": 2, "interval": 20},
+        "logger": {"progress_bar": False, "log_interval": 5},
+        "async_pipeline": {"shutdown_timeout_s": 20.0},
+    }
+    for dotted, value in overrides.items():
+        node = cfg
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return cfg
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"resource_tracker" in f.read()
+    except OSError:
+        return False
+
+
+def live_descendants(root: int | None = None) -> list[int]:
+    """PIDs (not zombies) whose parent chain leads to ``root`` (default: this process).
+
+    multiprocessing's resource tracker is left out: it is one per Python
+    process, started by the first spawn and meant to live as long as its parent.
+    """
+    root = os.getpid() if root is None else root
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    parent = {p: _ppid(p) for p in pids}
+    out = []
+    for p in pids:
+        q = parent.get(p)
+        while q is not None and q > 1:
+            if q == root:
+                if not _is_zombie(p) and not _is_resource_tracker(p):
+                    out.append(p)
+                break
+            q = parent.get(q) if q in parent else _ppid(q)
+    return out
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    """Live processes whose environment holds ``TORCHRL_MUZERO_TEST_MARKER=marker``."""
+    out = []
+    needle = f"TORCHRL_MUZERO_TEST_MARKER={marker}".encode()
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                if needle in f.read() and not _is_zombie(int(p)):
+                    out.append(int(p))
+        except OSError:
+            pass
+    return out

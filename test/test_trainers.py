@@ -1,0 +1,200 @@
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline_utils import live_descendants, processes_with_marker, tiny_config
+from torchrl_muzero.trainers import AsyncTrainer, ConfigError, SyncTrainer, load_config
+from torchrl_muzero.trainers.checkpoint import CheckpointError, load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _wait_no_descendants(timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = live_descendants()
+        if not left:
+            return []
+        time.sleep(0.2)
+    return live_descendants()
+
+
+# -- config ---------------------------------------------------------------------
+def test_config_rejects_unknown_keys_and_wrong_types():
+    with pytest.raises(ConfigError, match=r"unknown config key 'train\.replay_ratoi'.*Did you mean 'train\.replay_ratio'"):
+        load_config({"train": {"replay_ratoi": 0.5}})
+    with pytest.raises(ConfigError, match=r"'async_pipeline\.max_policy_lag' must be of type int, got 'x'"):
+        load_config({"async_pipeline": {"max_policy_lag": "x"}})
+    with pytest.raises(ConfigError, match=r"'env\.kind' must be one of"):
+        load_config({"env": {"kind": "mujoco"}})
+    with pytest.raises(ConfigError, match=r"unknown config key 'foo'"):
+        load_config({"foo": 1})
+    cfg = load_config({"train": {"replay_ratio": 1}}, **{"mcts.num_simulations": 7})
+    assert cfg.train.replay_ratio == 1.0 and cfg.mcts.num_simulations == 7
+
+
+def test_seed_knobs_exist():
+    names = set(load_config().async_pipeline.__dataclass_fields__)
+    for knob in ("enabled", "num_collector_actors", "num_evaluator_actors", "max_collect_inflight",
+                 "max_eval_inflight", "max_train_chunk_steps", "weight_sync_interval", "max_policy_lag",
+                 "max_train_budget_queue_size", "eval_at_start", "collector_num_cpus", "evaluator_num_cpus",
+                 "collector_num_gpus", "evaluator_num_gpus", "buffer_stats_interval", "poll_interval_s",
+                 "shutdown_timeout_s"):
+        assert knob in names, knob
+
+
+def test_unknown_env_fails_at_start(tmp_path):
+    with pytest.raises(ValueError, match="unknown env id 'CartPole-v9'"):
+        SyncTrainer(tiny_config(tmp_path, **{"env.id": "CartPole-v9"}))
+
+
+# -- sync: checkpoints, resume, NaN -------------------------------------------------
+def test_sync_run_checkpoints_and_resumes(tmp_path):
+    summary = SyncTrainer(tiny_config(tmp_path)).run()
+    assert summary["status"] == "ok" and summary["env_steps"] >= 512
+    ckpt = load_checkpoint(tmp_path / "ckpt" / "last.pt")
+    assert ckpt["counters"]["train_iter"] == summary["train_iter"] > 0
+    assert (tmp_path / "ckpt" / "buffer.pt").exists()
+    assert list((tmp_path / "ckpt").glob("model_v*.pt")), "evaluated versions are checkpointed"
+    assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+    assert (tmp_path / "eval.csv").read_text().count("\n") >= 2
+
+    resumed = SyncTrainer(tiny_config(tmp_path, resume=str(tmp_path), **{"train.total_env_steps": 768}))
+    assert resumed.env_steps == summary["env_steps"]
+    assert resumed.learner.train_iter == summary["train_iter"]
+    assert len(resumed.buffer) > 0
+    weights = load_checkpoint(tmp_path / "ckpt" / "last.pt")["model"]
+    for k, v in resumed.learner.model.state_dict().items():
+        assert torch.equal(v, weights[k])
+    summary2 = resumed.run()
+    assert summary2["env_steps"] >= 768 and summary2["train_iter"] > summary["train_iter"]
+
+
+def test_corrupt_checkpoint_is_named(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "last.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="last.pt.*corrupt"):
+        SyncTrainer(tiny_config(tmp_path, resume=str(tmp_path)))
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    trainer = SyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 4096}))
+    real_step = trainer.learner.loss_module.forward
+
+    def poisoned(td):
+        out = real_step(td)
+        if trainer.learner.train_iter >= 25:
+            out["loss_value"] = out["loss_value"] * float("nan")
+        return out
+
+    monkeypatch.setattr(trainer.learner.loss_module, "forward", poisoned)
+    summary = trainer.run()
+    assert summary["status"] == "nan"
+    assert "non-finite" in summary["reason"] and "train step 25" in summary["reason"]
+    state = load_checkpoint(tmp_path / "ckpt" / "last.pt")
+    assert state["counters"]["train_iter"] == 20  # the last periodic checkpoint, not a NaN one
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+# -- async --------------------------------------------------------------------------
+class _LagRecorder(AsyncTrainer):
+    def _take_batch(self, batch, budgets):
+        lag = batch["learner_iter"] - self.versions.train_iters(batch["policy_version"])
+        self.seen_lags = getattr(self, "seen_lags", []) + lag.flatten().tolist()
+        super()._take_batch(batch, budgets)
+
+
+@pytest.mark.parametrize("interval,max_lag", [(3, 4), (8, 2)])
+def test_async_policy_lag_is_bounded(tmp_path, interval, max_lag):
+    cfg = tiny_config(tmp_path, **{"train.total_env_steps": 1024, "train.replay_ratio": 1.0,
+                                   "async_pipeline.weight_sync_interval": interval,
+                                   "async_pipeline.max_policy_lag": max_lag,
+                                   "async_pipeline.num_evaluator_actors": 0})
+    trainer = _LagRecorder(cfg)
+    summary = trainer.run()
+    assert summary["status"] == "ok", summary
+    bound = min(interval, max_lag)
+    assert max(trainer.seen_lags) <= bound
+    assert max(trainer.seen_lags) >= 1, "the learner never ran ahead: the test would not see a violation"
+    assert summary["train_iter"] > 100
+    assert not _wait_no_descendants()
+
+
+def test_async_evaluates_versions_and_saves_exact_checkpoints(tmp_path):
+    cfg = tiny_config(tmp_path, **{"train.total_env_steps": 768, "async_pipeline.eval_at_start": True})
+    summary = AsyncTrainer(cfg).run()
+    assert summary["status"] == "ok", summary
+    rows = (tmp_path / "eval.csv").read_text().strip().splitlines()[1:]
+    assert len(rows) >= 2
+    for row in rows:
+        version = int(row.split(",")[3])
+        state = load_checkpoint(tmp_path / "ckpt" / f"model_v{version}.pt")
+        assert state["counters"]["policy_version"] == version
+        assert math.isclose(state["counters"]["mean_return"], float(row.split(",")[4]), abs_tol=1e-3)
+    assert not _wait_no_descendants()
+
+
+@pytest.mark.parametrize("victim", ["collector", "evaluator"])
+def test_dead_worker_stops_the_run_within_10s(tmp_path, victim):
+    cfg = tiny_config(tmp_path, **{"train.total_env_steps": 10**6, "eval.interval": 5})
+    trainer = AsyncTrainer(cfg)
+    killed_at = []
+
+    def killer():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if trainer.learner.train_iter >= 10:
+                procs = trainer.collector.procs if victim == "collector" else trainer.evaluators.procs
+                os.kill(procs[0].pid, signal.SIGKILL)
+                killed_at.append(time.monotonic())
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=killer, daemon=True).start()
+    summary = trainer.run()
+    stopped_at = time.monotonic()
+    assert killed_at, "the run never reached 10 updates"
+    assert summary["status"] == "fault"
+    assert f"{victim} " in summary["reason"] and "died" in summary["reason"]
+    assert stopped_at - killed_at[0] < 10.0
+    assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["counters"]["train_iter"] > 0
+    assert not _wait_no_descendants()
+
+
+def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "TORCHRL_MUZERO_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(REPO / "sota-implementations/muzero/muzero_async.py"),
+           f"run_dir={tmp_path}", "env.num_envs=4", "model.latent_dim=16", "model.hidden_dim=16",
+           "mcts.num_simulations=4", "optim.batch_size=32", "train.total_env_steps=1000000",
+           "train.train_start_after_envsteps=128", "train.frames_per_batch=64", "logger.progress_bar=false",
+           "eval.num_episodes=2"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not list((tmp_path / "logs").rglob("train_iter.csv")):
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "interrupted" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    state = load_checkpoint(tmp_path / "ckpt" / "last.pt")
+    assert state["counters"]["train_iter"] == summary["train_iter"] > 0
+    time.sleep(1.0)
+    assert processes_with_marker(marker) == []
