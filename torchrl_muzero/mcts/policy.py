@@ -46,7 +46,8 @@ class MCTSPolicy(TensorDictModuleBase):
         >>> env = GymEnv("CartPole-v1")
         >>> model = MuZeroMLPModel((4,), 2, latent_dim=16, hidden_dim=16)
         >>> policy = MCTSPolicy(model, MCTSConfig(num_simulations=4), env.action_spec)
-        >>> collector = Collector(env, policy, frames_per_batch=8, total_frames=8)
+        >>> collector = Collector(env, policy, frames_per_batch=8, total_frames=8,
+        ...                       auto_register_policy_transforms=False)
         >>> batch = next(iter(collector))
         >>> batch["search_policy"].shape, batch["action"].shape
         (torch.Size([8, 2]), torch.Size([8, 2]))

@@ -4,7 +4,8 @@ One call searches ``B`` roots at once. Each simulation selects one leaf in
 every tree, calls the model's recurrent step once for the whole batch,
 expands and backs up in place. The tree bookkeeping runs either in the C++
 kernel (CPU) or in batched torch ops (any device); both give the same visit
-counts.
+counts. With the C++ kernel, a ``MuZeroMLPModel`` with one hidden layer is
+searched in a single C++ call, network included (``_fused_mlp_weights``).
 """
 from __future__ import annotations
 
@@ -34,6 +35,14 @@ class SearchResult:
         action: ``[B]`` long, drawn from the visits with the configured
             temperature (argmax at temperature 0).
         tree: the search tree, for inspection.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.modules import MuZeroMLPModel
+        >>> from torchrl_muzero.mcts import MCTSConfig, search
+        >>> result = search(MuZeroMLPModel((4,), 3), torch.randn(2, 4), MCTSConfig(num_simulations=6))
+        >>> result.visit_counts.sum(-1), result.tree.num_nodes
+        (tensor([6, 6]), 7)
     """
 
     visit_counts: torch.Tensor
@@ -65,6 +74,24 @@ def _resolve_backend(config: MCTSConfig, device: torch.device):
             "Use backend='auto' or 'torch'."
         )
     return ops
+
+
+def _fused_mlp_weights(model, ops, tree: Tree):
+    """The weights for the C++ fused MLP search when it can run this search, else ``None``.
+
+    Taken on a CPU tree with the C++ kernel (``ops``: backend "auto" or "cpp")
+    for models that offer ``fused_search_weights()`` (``MuZeroMLPModel`` with
+    one hidden layer, float32): the per-simulation model call costs ~25-30
+    aten dispatches, which dominate small-batch searches. The fused network
+    rounds differently from BLAS in the last bits, so near-tied choices can
+    differ from the torch path (test/test_fused_search.py).
+    """
+    if ops is None or not hasattr(ops, "mlp_search") or tree.embeddings.dtype != torch.float32:
+        return None
+    get = getattr(model, "fused_search_weights", None)
+    if get is None or tree.embeddings.dim() != 3:
+        return None
+    return get()
 
 
 @torch.no_grad()
@@ -108,23 +135,33 @@ def search_from_root(
     tree.embeddings[:, 0] = root_latent
 
     ops = _resolve_backend(config, device)
-    rows = torch.arange(B, device=device)
-    for sim in range(config.num_simulations):
-        node_index = sim + 1
-        if ops is not None:
-            leaf_node, leaf_action = _cpp.cpp_select(tree, config.pb_c_base, config.pb_c_init, discount)
-        else:
-            leaf_node, leaf_action = select_leaves(tree, config.pb_c_base, config.pb_c_init, discount)
-        latent = tree.embeddings[rows, leaf_node]
-        next_latent, reward, policy_logits, value = model.recurrent_inference_scalar(latent, leaf_action)
-        tree.embeddings[:, node_index] = next_latent
-        child_prior = torch.softmax(policy_logits.float(), -1)
-        if ops is not None:
-            _cpp.cpp_expand_and_backup(
-                tree, node_index, leaf_node, leaf_action, reward.float(), value.float(), child_prior, discount
-            )
-        else:
-            expand_and_backup(tree, node_index, leaf_node, leaf_action, reward, value, child_prior, discount)
+    fused = _fused_mlp_weights(model, ops, tree)
+    if fused is not None:
+        # Every simulation in one C++ call (select, network, expand, backup).
+        tensors, reward_eps, value_eps = fused
+        ops.mlp_search(
+            tree.visit_count, tree.value_sum, tree.parent, tree.action_from_parent, tree.children_index,
+            tree.children_prior, tree.children_reward, tree.min_q, tree.max_q, tree.root_legal,
+            tree.embeddings, tensors, reward_eps, value_eps, config.pb_c_base, config.pb_c_init, discount,
+        )
+    else:
+        rows = torch.arange(B, device=device)
+        for sim in range(config.num_simulations):
+            node_index = sim + 1
+            if ops is not None:
+                leaf_node, leaf_action = _cpp.cpp_select(tree, config.pb_c_base, config.pb_c_init, discount)
+            else:
+                leaf_node, leaf_action = select_leaves(tree, config.pb_c_base, config.pb_c_init, discount)
+            latent = tree.embeddings[rows, leaf_node]
+            next_latent, reward, policy_logits, value = model.recurrent_inference_scalar(latent, leaf_action)
+            tree.embeddings[:, node_index] = next_latent
+            child_prior = torch.softmax(policy_logits.float(), -1)
+            if ops is not None:
+                _cpp.cpp_expand_and_backup(
+                    tree, node_index, leaf_node, leaf_action, reward.float(), value.float(), child_prior, discount
+                )
+            else:
+                expand_and_backup(tree, node_index, leaf_node, leaf_action, reward, value, child_prior, discount)
 
     visit_counts = tree.root_child_visits()
     search_policy = visit_counts.float() / visit_counts.sum(-1, keepdim=True).clamp_min(1)
@@ -175,7 +212,7 @@ def search(
         )
     device = next(model.parameters()).device
     latent, policy_logits, value_logits = model.initial_inference(observation.to(device))
-    value = model.value_support.decode(value_logits)
+    value = model.value_support.decode_fast(value_logits)  # same value, a fraction of the aten calls
     return search_from_root(
         model,
         latent,

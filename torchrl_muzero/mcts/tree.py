@@ -34,6 +34,19 @@ __all__ = ["Tree", "allocate_tree"]
 
 @dataclass
 class Tree:
+    """The arrays of ``B`` search trees (layout in the module docstring).
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.mcts import allocate_tree
+        >>> tree = allocate_tree(4, num_simulations=10, num_actions=3, latent_shape=torch.Size([8]),
+        ...                      device=torch.device("cpu"))
+        >>> tree.batch_size, tree.num_nodes, tree.num_actions
+        (4, 11, 3)
+        >>> tree.children_index.shape, tree.embeddings.shape
+        (torch.Size([4, 11, 3]), torch.Size([4, 11, 8]))
+    """
+
     visit_count: torch.Tensor
     value_sum: torch.Tensor
     parent: torch.Tensor

@@ -114,3 +114,43 @@ class MuZeroMLPModel(MuZeroModel):
     def predict(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.prediction_head(self.prediction_trunk(latent))
         return out[..., : self.num_actions], out[..., self.num_actions :]
+
+    def fused_search_weights(self) -> tuple[list[torch.Tensor], float, float] | None:
+        """What the C++ fused search needs to run this model, or ``None`` when it cannot.
+
+        The fused search (``mlp_search`` in ``torchrl_muzero/csrc/tree_ops.cpp``)
+        runs every simulation of a CPU search in one C++ call with its own loops
+        for :meth:`recurrent_inference_scalar`'s arithmetic; it only knows one
+        hidden layer per network (``num_layers == 1``) in float32 on the CPU.
+        A subclass that overrides the search step is not this model any more,
+        so it gets ``None`` and the search calls it per simulation.
+
+        Returns ``(tensors, reward_epsilon, value_epsilon)`` with ``tensors``
+        in the kernel's order: dynamics (W1 ``[H, L + A]``, b1, W2, b2), reward
+        head (W1, b1, W2, b2), prediction trunk (W, b), joint policy+value head
+        (W, b), reward bins, value bins.
+        """
+        cls = type(self)
+        if (
+            cls.recurrent_inference_scalar is not MuZeroMLPModel.recurrent_inference_scalar
+            or cls.decode_reward_and_value is not MuZeroModel.decode_reward_and_value
+            or len(self.dynamics_net) != 3
+            or len(self.reward_head) != 3
+        ):
+            return None
+        first, _, last = self.dynamics_net
+        r1, _, r2 = self.reward_head
+        p1 = self.prediction_trunk[0]
+        tensors = [
+            first.weight, first.bias, last.weight, last.bias,
+            r1.weight, r1.bias, r2.weight, r2.bias,
+            p1.weight, p1.bias, self.prediction_head.weight, self.prediction_head.bias,
+            self.reward_support.bins, self.value_support.bins,
+        ]
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+            return None
+        return (
+            [t.detach().contiguous() for t in tensors],
+            self.reward_support.epsilon,
+            self.value_support.epsilon,
+        )

@@ -93,7 +93,29 @@ class MuZeroModel(nn.Module):
       one-hot) and writes ``"next_latent"``, ``"reward_logits"``,
       ``"reward"``, ``"policy_logits"``, ``"value_logits"``, ``"state_value"``.
 
-    See :class:`~torchrl_muzero.modules.MuZeroMLPModel` for an example.
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from torchrl_muzero.modules import MuZeroModel, scale_latent
+        >>> class Tiny(MuZeroModel):
+        ...     def __init__(self):
+        ...         super().__init__((3,), num_actions=2, value_support_size=5, reward_support_size=5)
+        ...         self.h = nn.Linear(3, 8)
+        ...         self.g = nn.Linear(8 + 1, 8)
+        ...         self.r = nn.Linear(8, self.reward_support.num_bins)
+        ...         self.f = nn.Linear(8, 2 + self.value_support.num_bins)
+        ...     def represent(self, obs):
+        ...         return scale_latent(self.h(obs))
+        ...     def dynamics(self, latent, action):
+        ...         nxt = scale_latent(self.g(torch.cat([latent, action[:, None].float()], -1)))
+        ...         return nxt, self.r(nxt)
+        ...     def predict(self, latent):
+        ...         out = self.f(latent)
+        ...         return out[:, :2], out[:, 2:]
+        >>> model = Tiny()
+        >>> latent, policy_logits, value_logits = model.initial_inference(torch.randn(5, 3))
+        >>> latent.shape, policy_logits.shape, value_logits.shape
+        (torch.Size([5, 8]), torch.Size([5, 2]), torch.Size([5, 11]))
     """
 
     def __init__(

@@ -33,6 +33,12 @@ class TrainerBase:
     :meth:`_shutdown` (stop their processes). :meth:`run` wraps the loop so
     that every way out — the budget reached, Ctrl-C, a NaN loss, a dead
     worker — writes what must be written and stops every process.
+
+    Examples:
+        >>> from torchrl_muzero.trainers import SyncTrainer  # a TrainerBase
+        >>> summary = SyncTrainer({"train": {"total_env_steps": 256}}).run()  # doctest: +SKIP
+        >>> summary["status"]  # doctest: +SKIP
+        'ok'
     """
 
     def __init__(self, cfg: TrainConfig | dict | None = None) -> None:

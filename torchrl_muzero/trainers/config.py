@@ -146,6 +146,15 @@ class LoggerConfig:
 
 @dataclass
 class TrainConfig:
+    """The whole configuration of a run (see the module docstring; build it with :func:`load_config`).
+
+    Examples:
+        >>> from torchrl_muzero.trainers import TrainConfig
+        >>> cfg = TrainConfig()
+        >>> cfg.env.id, cfg.async_pipeline.max_train_chunk_steps
+        ('CartPole-v1', 4)
+    """
+
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     mcts: MCTSSection = field(default_factory=MCTSSection)

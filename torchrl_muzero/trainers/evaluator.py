@@ -24,6 +24,14 @@ class WorkerDied(TrainingStopped):
 
 @dataclass
 class EvalResult:
+    """Returns of one evaluation of the weights published as ``version``.
+
+    Examples:
+        >>> from torchrl_muzero.trainers.evaluator import EvalResult
+        >>> EvalResult(version=12, returns=[100.0, 200.0]).mean_return
+        150.0
+    """
+
     version: int
     returns: list
 
@@ -69,6 +77,13 @@ class EvaluatorPool:
     :meth:`submit` hands a snapshot to an idle evaluator (at most
     ``max_inflight`` at once); :meth:`poll` returns finished results and
     raises :class:`WorkerDied` naming the evaluator if one died or failed.
+
+    Examples:
+        >>> from torchrl_muzero.trainers.config import TrainConfig, config_to_dict
+        >>> pool = EvaluatorPool(config_to_dict(TrainConfig()), (4,), 2)  # doctest: +SKIP
+        >>> pool.submit(version=0, weights=model.state_dict())  # doctest: +SKIP
+        >>> pool.poll()  # later: [EvalResult(version=0, returns=[...])]  # doctest: +SKIP
+        >>> pool.shutdown()  # doctest: +SKIP
     """
 
     def __init__(self, cfg_dict: dict, observation_shape, num_actions: int, num_evaluators: int = 1,

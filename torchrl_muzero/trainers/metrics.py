@@ -32,6 +32,15 @@ class RunMetrics:
     Scalars go to a torchrl logger (CSV by default, TensorBoard or W&B by
     config); evaluations also go to ``eval.csv`` in the run folder, which
     :func:`plot_learning_curve` turns into ``learning_curve.png``.
+
+    Examples:
+        >>> import tempfile
+        >>> from torchrl_muzero.trainers.metrics import RunMetrics
+        >>> metrics = RunMetrics(tempfile.mkdtemp(), backend="csv", progress_bar=False)
+        >>> metrics.log_eval(env_steps=1000, train_iter=250, policy_version=250, mean_return=42.0)
+        >>> metrics.close()
+        >>> (metrics.run_dir / "learning_curve.png").exists()
+        True
     """
 
     def __init__(self, run_dir: str | Path, backend: str = "csv", project: str = "torchrl_muzero",

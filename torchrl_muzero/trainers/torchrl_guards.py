@@ -243,6 +243,17 @@ class LockedPolicy(TensorDictModuleBase):
             for (e.g. ``mcts_policy.model`` when the trainer publishes its
             ``MuZeroModel``). Defaults to ``policy`` itself.
         version_key: where to write the version; ``None`` writes nothing.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_muzero.mcts import MCTSConfig, MCTSPolicy
+        >>> from torchrl_muzero.modules import MuZeroMLPModel
+        >>> model = MuZeroMLPModel((4,), 2, latent_dim=8, hidden_dim=8)
+        >>> policy = LockedPolicy(MCTSPolicy(model, MCTSConfig(num_simulations=2)), weights_module=model)
+        >>> policy.load_published_weights(snapshot_weights(MuZeroMLPModel((4,), 2, 8, 8)), version=3)
+        >>> policy(TensorDict({"observation": torch.randn(5, 4)}, [5]))["policy_version"]
+        tensor([3, 3, 3, 3, 3])
     """
 
     def __init__(
@@ -377,6 +388,15 @@ class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
             ``policy_factory()`` built in the trainer process. ``None``: the
             collector's ``policy`` is snapshotted at start-up.
         timeout_s: how long ``send()`` waits for the workers' acknowledgments.
+
+    Examples:
+        >>> from torchrl.collectors import MultiAsyncCollector  # doctest: +SKIP
+        >>> scheme = GuardedWeightSyncScheme(initial_weights=model, timeout_s=30)  # doctest: +SKIP
+        >>> collector = MultiAsyncCollector([make_env] * 2, policy_factory=make_locked_policy,
+        ...                                 frames_per_batch=256, total_frames=-1,
+        ...                                 weight_sync_schemes={"policy": scheme})  # doctest: +SKIP
+        >>> publish_weights(collector, model, timeout_s=30)  # doctest: +SKIP
+        1
     """
 
     def __init__(
@@ -665,6 +685,14 @@ class PolicyVersionMap:
 
     Args:
         initial_train_iter: the ``train_iter`` of the weights workers start with.
+
+    Examples:
+        >>> import torch
+        >>> versions = PolicyVersionMap(initial_train_iter=0)
+        >>> versions.record(1, train_iter=10)
+        >>> versions.record(2, train_iter=25)
+        >>> versions.train_iters(torch.tensor([0, 2, 1, 2]))
+        tensor([ 0, 25, 10, 25])
     """
 
     def __init__(self, initial_train_iter: int = 0) -> None:
