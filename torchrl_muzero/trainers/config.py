@@ -71,6 +71,9 @@ class LossConfig:
     reward_loss_weight: float = 1.0
     policy_loss_weight: float = 1.0
     consistency_loss_weight: float = 2.0
+    projection_dim: int = 256  # EfficientZero's SimSiam heads (only with the consistency loss)
+    projection_hidden_dim: int = 256
+    prediction_hidden_dim: int = 64
 
 
 @dataclass

@@ -51,6 +51,9 @@ class Learner:
             reward_loss_weight=cfg.loss.reward_loss_weight,
             policy_loss_weight=cfg.loss.policy_loss_weight,
             consistency_loss_weight=cfg.loss.consistency_loss_weight,
+            projection_dim=cfg.loss.projection_dim,
+            projection_hidden_dim=cfg.loss.projection_hidden_dim,
+            prediction_hidden_dim=cfg.loss.prediction_hidden_dim,
         ).to(device)
         self.optimizer = torch.optim.AdamW(
             self.loss_module.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
