@@ -6,6 +6,13 @@ whole search; ``test_network_only`` times the same model calls without any
 tree (the floor). searches/s = B / mean time; the share of search time spent
 in the network is network / search.
 
+Backends: ``torch`` (tree in tensor ops), ``cpp-loop`` (C++ tree kernel, the
+model called from Python once per simulation) and ``cpp`` (what
+``backend="cpp"`` does for this model: the fused C++ search, network
+included). The fused search's network share is ``test_network_only_fused``
+(the same 50 network steps in the kernel's own loops, plus the root's
+initial inference, without a tree) over ``test_search[cpp-B]``.
+
 Run: python -m pytest benchmarks/test_search_bench.py --benchmark-only
      --benchmark-columns=mean,median,rounds
 """
@@ -18,7 +25,9 @@ from torchrl_muzero.modules import MuZeroMLPModel
 
 SIMS, ACTIONS = 50, 6
 BATCHES = [1, 8, 64, 256]
-BACKENDS = ["torch"] + (["cpp"] if _cpp.load_tree_ops() is not None else [])
+_OPS = _cpp.load_tree_ops()
+FUSED = _OPS is not None and hasattr(_OPS, "mlp_search")
+BACKENDS = ["torch"] + (["cpp-loop", "cpp"] if _OPS is not None else [])
 
 
 def _model():
@@ -35,8 +44,10 @@ def _rounds(B):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_search(benchmark, B, backend):
     model = _model()
+    if backend == "cpp-loop":  # no fused search: the kernel's select/backup around Python model calls
+        model.fused_search_weights = lambda: None
     obs = torch.randn(B, 8)
-    cfg = MCTSConfig(num_simulations=SIMS, backend=backend)  # root noise on, as in collection
+    cfg = MCTSConfig(num_simulations=SIMS, backend=backend.split("-")[0])  # root noise on, as in collection
     gen = torch.Generator().manual_seed(0)
     search(model, obs, cfg, generator=gen)  # warm-up
     out = benchmark.pedantic(lambda: search(model, obs, cfg, generator=gen), rounds=_rounds(B), iterations=1)
@@ -57,6 +68,27 @@ def test_network_only(benchmark, B):
         for s in range(SIMS):
             latent, reward, logits, value = model.recurrent_inference_scalar(latent, actions[s])
             torch.softmax(logits, -1)
+
+    calls()
+    benchmark.pedantic(calls, rounds=_rounds(B), iterations=1)
+    benchmark.extra_info["searches_per_s"] = B / benchmark.stats.stats.mean
+
+
+@pytest.mark.skipif(not FUSED, reason="fused MLP search not built")
+@pytest.mark.parametrize("B", BATCHES)
+def test_network_only_fused(benchmark, B):
+    """The fused search's network work without its tree: root inference, then 50 kernel steps."""
+    model = _model()
+    obs = torch.randn(B, 8)
+    actions = torch.randint(ACTIONS, (SIMS, B))
+
+    @torch.no_grad()
+    def calls():
+        latent, logits, value_logits = model.initial_inference(obs)
+        model.value_support.decode_fast(value_logits)
+        torch.softmax(logits, -1)
+        tensors, reward_eps, value_eps = model.fused_search_weights()
+        _OPS.mlp_unroll(tensors, ACTIONS, reward_eps, value_eps, latent, actions)
 
     calls()
     benchmark.pedantic(calls, rounds=_rounds(B), iterations=1)

@@ -361,9 +361,9 @@ void expand_and_backup(
 // bit-identical to it): each output of a linear layer is
 // ((x0*w0 + x1*w1) + ...) + bias with k ascending, every product rounded
 // before its addition (fp-contract is off for the whole file), so a sample's
-// result does not depend on the batch size, the tile it lands in or the ISA
-// clone that runs; MKL's blocked FMA order differs, which moves outputs by a
-// few float ulps. The bin expectation is computed as sum(e_i * bin_i) /
+// result does not depend on the batch size, the tile it lands in or the
+// vector width; MKL's FMA order differs, which moves outputs by a few float
+// ulps. The bin expectation is computed as sum(e_i * bin_i) /
 // sum(e_i) with e_i = exp(z_i - max z) from a Cephes-style polynomial (within
 // ~2 ulp of exp; exactly 1 at 0) and fixed 8-lane partial sums, where torch
 // normalises first and then takes a BLAS dot; softmax(0, ..., 0) therefore
@@ -372,92 +372,139 @@ void expand_and_backup(
 // test/test_fused_search.py measures the difference to the torch model and
 // compares whole searches with the torch path.
 //
-// Implementation: GCC/Clang vector extensions (8 floats); on x86-64 Linux
-// with GCC the hot function is also compiled for AVX2 and picked at load
-// time (target_clones), the baseline build stays SSE2. Linear layers are
-// register-tiled (4 samples x 16 outputs, or 1 x 64 for a single sample) over
-// k-major copies of the weights made once per call.
+// Implementation: GCC/Clang vector extensions, 4 floats wide in the baseline
+// build (SSE2, NEON) and 8 wide in a copy compiled for AVX2 that x86 CPUs
+// with AVX2 run (same results bit for bit). Linear layers are
+// register-tiled (4 samples x 2 vectors, or 1 sample x 8 vectors) over
+// k-major copies of the weights made once per call. Built without GCC or
+// Clang, the module simply has no mlp_search and the search keeps its
+// per-simulation loop.
 // ---------------------------------------------------------------------------
 #if defined(__GNUC__) || defined(__clang__)
 #define MZ_HAVE_MLP_SEARCH 1
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    defined(__linux__)
-#define MZ_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define MZ_CLONES
+#if defined(__x86_64__) || defined(__i386__)
+#define MZ_X86_AVX2_PATH 1
 #endif
 #define MZ_INLINE inline __attribute__((always_inline))
 
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
-MZ_INLINE v8f load8(const float* p) {
-  v8f v;
+// The kernels are templates over the vector type: 4 floats for the baseline
+// build (SSE2 / NEON registers), 8 for the AVX2 instantiation. Every result
+// is the same for both (checked by test_fused_search.py): a linear layer's
+// outputs are independent lanes, and the decode's sums are split into 8
+// partial sums whatever the width.
+template <class V>
+struct Lanes;
+template <>
+struct Lanes<v4f> {
+  using I = v4i;
+  static constexpr int W = 4;
+};
+template <>
+struct Lanes<v8f> {
+  using I = v8i;
+  static constexpr int W = 8;
+};
+
+template <class V>
+MZ_INLINE V vload(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-MZ_INLINE void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
-MZ_INLINE v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
-// The first `count` (< 8) floats of p, the other lanes `fill`.
-MZ_INLINE v8f load_partial(const float* p, int64_t count, float fill) {
-  v8f v = splat(fill);
+template <class V>
+MZ_INLINE void vstore(float* p, V v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+template <class V>
+MZ_INLINE V vsplat(float x) {
+  return x - V{};  // x - 0 == x for every x, -0 included
+}
+// The first `count` (0 .. W) floats of p, the other lanes `fill`.
+template <class V>
+MZ_INLINE V vload_partial(const float* p, int64_t count, float fill) {
+  V v = vsplat<V>(fill);
   for (int64_t i = 0; i < count; ++i) v[i] = p[i];
   return v;
 }
-MZ_INLINE float hsum(v8f v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
-MZ_INLINE v8f vmax(v8f a, v8f b) { return a > b ? a : b; }
-MZ_INLINE float hmax(v8f v) {
-  float m = v[0];
-  for (int i = 1; i < 8; ++i) m = v[i] > m ? v[i] : m;
-  return m;
+template <class V>
+MZ_INLINE V vmax(V a, V b) {
+  return a > b ? a : b;
 }
 
-// exp(x) for x <= 0 (a logit minus its row maximum): Cephes' expf range
-// reduction and polynomial; results below exp(-87) (and exp(-inf)) are 0.
-MZ_INLINE v8f exp8_nonpos(v8f x) {
-  const v8i tiny = x < splat(-87.0f);
-  x = tiny ? splat(-87.0f) : x;
-  v8f fx = x * 1.44269504088896341f + 0.5f;
-  const v8f t = __builtin_convertvector(__builtin_convertvector(fx, v8i), v8f);
-  fx = t > fx ? t - 1.0f : t;  // floor (t truncated toward zero)
-  x = x - fx * 0.693359375f;
-  x = x - fx * -2.12194440e-4f;
-  const v8f z = x * x;
-  v8f y = splat(1.9875691500e-4f);
+// exp(x) for x <= 0 (a logit minus its row maximum), as Cephes' expf:
+// x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2, exp(r) from its
+// polynomial, times 2^n built in the exponent bits. Rounding uses the
+// 1.5 * 2^23 shifter (the float sum's last bits are n + 127), which needs no
+// float-int conversion or floor. Inputs below -87 (exp(-inf) included) are
+// clamped there: exp(-87) ~ 1.6e-38 vanishes next to the row maximum's 1.
+// Exactly 1 at 0.
+template <class V>
+MZ_INLINE V exp_nonpos(V x) {
+  using I = typename Lanes<V>::I;
+  x = vmax(x, vsplat<V>(-87.0f));
+  const float shifter = 12582912.0f + 127.0f;  // 1.5 * 2^23, plus the exponent bias
+  V kf = x * 1.44269504088896341f + shifter;
+  const I biased_n = (I)kf;  // a vector cast reinterprets the bits
+  kf = kf - shifter;         // n, as a float
+  x = x - kf * 0.693359375f;
+  x = x - kf * -2.12194440e-4f;
+  const V z = x * x;
+  V y = vsplat<V>(1.9875691500e-4f);
   y = y * x + 1.3981999507e-3f;
   y = y * x + 8.3334519073e-3f;
   y = y * x + 4.1665795894e-2f;
   y = y * x + 1.6666665459e-1f;
   y = y * x + 5.0000001201e-1f;
   y = y * z + x + 1.0f;
-  const v8i n = (__builtin_convertvector(fx, v8i) + 127) << 23;  // 2^fx
-  y = y * (v8f)n;  // a vector cast reinterprets the bits
-  return tiny ? splat(0.0f) : y;
+  return y * (V)((biased_n & 0xff) << 23);  // 2^n
 }
 
-// E[bin] under softmax(z[0:n]): sum(e_i * bin_i) / sum(e_i).
+// E[bin] under softmax(z[0:n]): sum(e_i * bin_i) / sum(e_i), each sum kept
+// as 8 partial sums (element i goes to partial i mod 8) added up in a fixed
+// tree at the end.
+template <class V>
 MZ_INLINE float bin_expectation(const float* z, const float* bins, int64_t n) {
+  constexpr int W = Lanes<V>::W, R = 8 / W;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int64_t full = n & ~int64_t{7};
-  v8f m = splat(neg_inf);
-  for (int64_t i = 0; i < full; i += 8) m = vmax(m, load8(z + i));
-  if (full < n) m = vmax(m, load_partial(z + full, n - full, neg_inf));
-  const float mx = hmax(m);
-  v8f s0 = splat(0.0f), s1 = splat(0.0f);
+  V m = vsplat<V>(neg_inf);
+  for (int64_t i = 0; i < n; i += W)
+    m = vmax(m, i + W <= n ? vload<V>(z + i)
+                           : vload_partial<V>(z + i, n - i, neg_inf));
+  float mx = m[0];
+  for (int l = 1; l < W; ++l) mx = m[l] > mx ? m[l] : mx;
+  V s0[R], s1[R];
+  for (int r = 0; r < R; ++r) s0[r] = s1[r] = vsplat<V>(0.0f);
   for (int64_t i = 0; i < full; i += 8) {
-    const v8f e = exp8_nonpos(load8(z + i) - mx);
-    s0 += e;
-    s1 += e * load8(bins + i);
+    for (int r = 0; r < R; ++r) {
+      const V e = exp_nonpos(vload<V>(z + i + r * W) - mx);
+      s0[r] += e;
+      s1[r] += e * vload<V>(bins + i + r * W);
+    }
   }
-  if (full < n) {
-    const v8f e = exp8_nonpos(load_partial(z + full, n - full, neg_inf) - mx);
-    s0 += e;
-    s1 += e * load_partial(bins + full, n - full, 0.0f);
+  if (full < n) {  // every partial sum takes one more term, padding included
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = full + r * W;
+      const int64_t count = std::max<int64_t>(0, std::min<int64_t>(W, n - at));
+      const V e = exp_nonpos(vload_partial<V>(z + at, count, neg_inf) - mx);
+      s0[r] += e;
+      s1[r] += e * vload_partial<V>(bins + at, count, 0.0f);
+    }
   }
-  return hsum(s1) / hsum(s0);
+  float p0[8], p1[8];
+  for (int l = 0; l < 8; ++l) {
+    p0[l] = s0[l / W][l % W];
+    p1[l] = s1[l / W][l % W];
+  }
+  const float sum0 = ((p0[0] + p0[1]) + (p0[2] + p0[3])) + ((p0[4] + p0[5]) + (p0[6] + p0[7]));
+  const float sum1 = ((p1[0] + p1[1]) + (p1[2] + p1[3])) + ((p1[4] + p1[5]) + (p1[6] + p1[7]));
+  return sum1 / sum0;
 }
 
 // h^-1 exactly as support.inverse_signed_hyperbolic evaluates it on a float32
@@ -475,7 +522,6 @@ struct InverseH {
   }
 };
 
-constexpr int64_t round_up8(int64_t n) { return (n + 7) & ~int64_t{7}; }
 constexpr int64_t round_up16(int64_t n) { return (n + 15) & ~int64_t{15}; }
 
 // One linear layer in k-major layout: wt[k * J + j] = W[j, k] for the J
@@ -485,19 +531,20 @@ struct Dense {
   int64_t K = 0, J = 0;
 };
 
-// The NS x (8 * NV) output tile (rows x[s], outputs j0 ..): accumulate over
+// The NS x (W * NV) output tile (rows x[s], outputs j0 ..): accumulate over
 // k, then + bias, + extra[s] (the action column), ReLU.
-template <int NS, int NV>
+template <class V, int NS, int NV>
 MZ_INLINE void dense_tile(const Dense& d, const float* const* x, int64_t j0,
                           const float* const* extra, bool relu,
                           float* const* y) {
-  v8f acc[NS][NV];
+  constexpr int W = Lanes<V>::W;
+  V acc[NS][NV];
   for (int s = 0; s < NS; ++s)
-    for (int v = 0; v < NV; ++v) acc[s][v] = splat(0.0f);
+    for (int v = 0; v < NV; ++v) acc[s][v] = vsplat<V>(0.0f);
   const float* w = d.wt.data() + j0;
   for (int64_t k = 0; k < d.K; ++k, w += d.J) {
-    v8f wv[NV];
-    for (int v = 0; v < NV; ++v) wv[v] = load8(w + 8 * v);
+    V wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = vload<V>(w + W * v);
     for (int s = 0; s < NS; ++s) {
       const float xs = x[s][k];
       for (int v = 0; v < NV; ++v) acc[s][v] += wv[v] * xs;
@@ -505,47 +552,53 @@ MZ_INLINE void dense_tile(const Dense& d, const float* const* x, int64_t j0,
   }
   for (int s = 0; s < NS; ++s) {
     for (int v = 0; v < NV; ++v) {
-      const int64_t j = j0 + 8 * v;
-      v8f out = acc[s][v] + load8(d.bias.data() + j);
-      if (extra != nullptr) out += load8(extra[s] + j);
-      if (relu) out = out > 0.0f ? out : splat(0.0f);
-      store8(y[s] + j, out);
+      const int64_t j = j0 + W * v;
+      V out = acc[s][v] + vload<V>(d.bias.data() + j);
+      if (extra != nullptr) out += vload<V>(extra[s] + j);
+      if (relu) out = out > 0.0f ? out : vsplat<V>(0.0f);
+      vstore(y[s] + j, out);
     }
   }
 }
 
-// Fewer than 4 rows: wide tiles, so that ~8 independent accumulators hide
+// Fewer than 4 rows: wide tiles, so that 8-9 independent accumulators hide
 // the addition latency.
-template <int NS>
+template <class V, int NS>
 MZ_INLINE void dense_few(const Dense& d, const float* const* x,
                          const float* const* extra, bool relu,
                          float* const* y) {
+  constexpr int W = Lanes<V>::W;
   constexpr int NV = NS == 1 ? 8 : (NS == 2 ? 4 : 3);
   int64_t j0 = 0;
-  for (; j0 + 8 * NV <= d.J; j0 += 8 * NV) dense_tile<NS, NV>(d, x, j0, extra, relu, y);
-  for (; j0 < d.J; j0 += 8) dense_tile<NS, 1>(d, x, j0, extra, relu, y);
+  for (; j0 + W * NV <= d.J; j0 += W * NV)
+    dense_tile<V, NS, NV>(d, x, j0, extra, relu, y);
+  for (; j0 < d.J; j0 += W) dense_tile<V, NS, 1>(d, x, j0, extra, relu, y);
 }
 
-// y[s] = layer(x[s]) for n rows. With 4+ rows: 16-output column panels in
-// the outer loop (a panel's weights, K x 64 bytes, stay in L1 while every
-// row block uses them), 4-row blocks inside.
+// y[s] = layer(x[s]) for n rows. With 4+ rows: column panels of 2 vectors in
+// the outer loop (a panel's weights, K x 64 bytes at most, stay in L1 while
+// every row block uses them), 4-row blocks inside: 8 accumulators, 2 weight
+// loads and 4 broadcasts per k. (4 x 3 tiles measured no faster: the loop is
+// bound by the multiply and add ports.)
+template <class V>
 MZ_INLINE void dense(const Dense& d, int64_t n, const float* const* x,
                      const float* const* extra, bool relu, float* const* y) {
+  constexpr int W = Lanes<V>::W;
   if (n < 4) {
-    if (n == 3) dense_few<3>(d, x, extra, relu, y);
-    if (n == 2) dense_few<2>(d, x, extra, relu, y);
-    if (n == 1) dense_few<1>(d, x, extra, relu, y);
+    if (n == 3) dense_few<V, 3>(d, x, extra, relu, y);
+    if (n == 2) dense_few<V, 2>(d, x, extra, relu, y);
+    if (n == 1) dense_few<V, 1>(d, x, extra, relu, y);
     return;
   }
-  for (int64_t j0 = 0; j0 < d.J; j0 += 16) {
+  for (int64_t j0 = 0; j0 < d.J; j0 += 2 * W) {
     int64_t s = 0;
     for (; s + 4 <= n; s += 4)
-      dense_tile<4, 2>(d, x + s, j0, extra ? extra + s : nullptr, relu, y + s);
+      dense_tile<V, 4, 2>(d, x + s, j0, extra ? extra + s : nullptr, relu, y + s);
     const float* const* ex = extra ? extra + s : nullptr;
     switch (n - s) {
-      case 3: dense_tile<3, 2>(d, x + s, j0, ex, relu, y + s); break;
-      case 2: dense_tile<2, 2>(d, x + s, j0, ex, relu, y + s); break;
-      case 1: dense_tile<1, 2>(d, x + s, j0, ex, relu, y + s); break;
+      case 3: dense_tile<V, 3, 2>(d, x + s, j0, ex, relu, y + s); break;
+      case 2: dense_tile<V, 2, 2>(d, x + s, j0, ex, relu, y + s); break;
+      case 1: dense_tile<V, 1, 2>(d, x + s, j0, ex, relu, y + s); break;
       default: break;
     }
   }
@@ -581,8 +634,8 @@ void pack_block(Dense& d, const float* w, int64_t ld, int64_t row0,
   for (int64_t j = 0; j < J; ++j) {
     const float* src = w + (row0 + j) * ld + col0;
     for (int64_t k = 0; k < K; ++k) d.wt[k * d.J + j_off + j] = src[k];
-    d.bias[j_off + j] = bias[row0 + j];
   }
+  for (int64_t j = 0; j < J; ++j) d.bias[j_off + j] = bias[row0 + j];
 }
 
 void init_dense(Dense& d, int64_t K, int64_t J) {
@@ -686,10 +739,11 @@ MlpScratch& thread_scratch(const MlpNet& net) {
 // actions act[s]; writes the scaled next latent to out[s] (L floats), the
 // decoded reward and value, the prior [n, A] and, when `logits` is not null,
 // the policy logits [n, A].
-MZ_CLONES void mlp_step(const MlpNet& net, MlpScratch& sc, int64_t n,
-                        const float* const* in, const int64_t* act,
-                        float* const* out, float* reward, float* value,
-                        float* prior, float* logits) {
+template <class V>
+MZ_INLINE void mlp_step_impl(const MlpNet& net, MlpScratch& sc, int64_t n,
+                             const float* const* in, const int64_t* act,
+                             float* const* out, float* reward, float* value,
+                             float* prior, float* logits) {
   const int64_t L = net.L, A = net.A;
   const float* row_in[kGroup];
   float* row_out[kGroup];
@@ -700,12 +754,12 @@ MZ_CLONES void mlp_step(const MlpNet& net, MlpScratch& sc, int64_t n,
     extra[s] = net.action_rows.data() + act[s] * net.dyn1.J;
     row_out[s] = sc.hidden.data() + s * net.dyn1.J;
   }
-  dense(net.dyn1, n, in, extra, /*relu=*/true, row_out);
+  dense<V>(net.dyn1, n, in, extra, /*relu=*/true, row_out);
   for (int64_t s = 0; s < n; ++s) {
     row_in[s] = sc.hidden.data() + s * net.dyn1.J;
     row_out[s] = sc.raw.data() + s * net.dyn2.J;
   }
-  dense(net.dyn2, n, row_in, nullptr, false, row_out);
+  dense<V>(net.dyn2, n, row_in, nullptr, false, row_out);
   // scale_latent: (x - min) / clamp_min(max - min, 1e-5), per row.
   for (int64_t s = 0; s < n; ++s) {
     const float* r = sc.raw.data() + s * net.dyn2.J;
@@ -722,24 +776,24 @@ MZ_CLONES void mlp_step(const MlpNet& net, MlpScratch& sc, int64_t n,
     row_in[s] = out[s];
     row_out[s] = sc.trunks.data() + s * net.trunks.J;
   }
-  dense(net.trunks, n, row_in, nullptr, true, row_out);
+  dense<V>(net.trunks, n, row_in, nullptr, true, row_out);
   for (int64_t s = 0; s < n; ++s) {
     row_in[s] = sc.trunks.data() + s * net.trunks.J;
     row_out[s] = sc.reward_logits.data() + s * net.reward_out.J;
   }
-  dense(net.reward_out, n, row_in, nullptr, false, row_out);
+  dense<V>(net.reward_out, n, row_in, nullptr, false, row_out);
   const int64_t hq_off = round_up16(net.Hr);
   for (int64_t s = 0; s < n; ++s) {
     row_in[s] = sc.trunks.data() + s * net.trunks.J + hq_off;
     row_out[s] = sc.pred_logits.data() + s * net.pred_out.J;
   }
-  dense(net.pred_out, n, row_in, nullptr, false, row_out);
+  dense<V>(net.pred_out, n, row_in, nullptr, false, row_out);
 
   for (int64_t s = 0; s < n; ++s) {
     const float* rl = sc.reward_logits.data() + s * net.reward_out.J;
     const float* pl = sc.pred_logits.data() + s * net.pred_out.J;
-    reward[s] = net.reward_h(bin_expectation(rl, net.reward_bins.data(), net.R));
-    value[s] = net.value_h(bin_expectation(pl + A, net.value_bins.data(), net.V));
+    reward[s] = net.reward_h(bin_expectation<V>(rl, net.reward_bins.data(), net.R));
+    value[s] = net.value_h(bin_expectation<V>(pl + A, net.value_bins.data(), net.V));
     // prior = softmax(policy logits); A is small, so plain libm exp.
     float mx = pl[0];
     for (int64_t a = 1; a < A; ++a) mx = std::max(mx, pl[a]);
@@ -753,6 +807,42 @@ MZ_CLONES void mlp_step(const MlpNet& net, MlpScratch& sc, int64_t n,
     if (logits != nullptr) std::copy_n(pl, A, logits + s * A);
   }
 }
+
+#define MZ_STEP_PARAMS                                                      \
+  const MlpNet &net, MlpScratch &sc, int64_t n, const float *const *in,      \
+      const int64_t *act, float *const *out, float *reward, float *value,    \
+      float *prior, float *logits
+#define MZ_STEP_ARGS net, sc, n, in, act, out, reward, value, prior, logits
+
+void mlp_step_baseline(MZ_STEP_PARAMS) { mlp_step_impl<v4f>(MZ_STEP_ARGS); }
+
+#ifdef MZ_X86_AVX2_PATH
+// The same templates compiled for AVX2 (inlined into this function, so they
+// take its target); chosen at run time when the CPU has AVX2.
+__attribute__((target("avx2"))) void mlp_step_avx2(MZ_STEP_PARAMS) {
+  mlp_step_impl<v8f>(MZ_STEP_ARGS);
+}
+#endif
+
+bool cpu_has_avx2() {
+#ifdef MZ_X86_AVX2_PATH
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// The search step for n <= kGroup rows (see mlp_step_impl); `baseline`
+// forces the 4-wide build (the test hook compares the two).
+void mlp_step(MZ_STEP_PARAMS, bool baseline = false) {
+#ifdef MZ_X86_AVX2_PATH
+  if (!baseline && cpu_has_avx2()) return mlp_step_avx2(MZ_STEP_ARGS);
+#endif
+  mlp_step_baseline(MZ_STEP_ARGS);
+}
+#undef MZ_STEP_PARAMS
+#undef MZ_STEP_ARGS
 
 void check_latent_and_actions(const MlpNet& net, const at::Tensor& latent,
                               const at::Tensor& action, int64_t B) {
@@ -770,7 +860,8 @@ std::vector<at::Tensor> mlp_recurrent(const std::vector<at::Tensor>& weights,
                                       int64_t num_actions, double reward_eps,
                                       double value_eps,
                                       const at::Tensor& latent,
-                                      const at::Tensor& action) {
+                                      const at::Tensor& action,
+                                      bool baseline) {
   const MlpNet& net = pack_mlp(weights, num_actions, reward_eps, value_eps);
   check_tensor(action, "action", at::kLong, 1);
   const int64_t B = action.size(0);
@@ -792,7 +883,7 @@ std::vector<at::Tensor> mlp_recurrent(const std::vector<at::Tensor>& weights,
     mlp_step(net, sc, n, in, action.data_ptr<int64_t>() + g, out,
              reward.data_ptr<float>() + g, value.data_ptr<float>() + g,
              prior.data_ptr<float>() + g * net.A,
-             logits.data_ptr<float>() + g * net.A);
+             logits.data_ptr<float>() + g * net.A, baseline);
   }
   return {next, reward, logits, value, prior};
 }
@@ -952,11 +1043,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("pb_c_base"), pybind11::arg("pb_c_init"),
         pybind11::arg("discount"));
   m.def("mlp_recurrent", &mlp_recurrent,
-        "Test hook: the fused search's network step for a batch of latents. "
+        "Test hook: the fused search's network step for a batch of latents "
+        "(`baseline`: force the 4-wide build instead of the AVX2 one). "
         "Returns [next_latent, reward, policy_logits, value, prior].",
         pybind11::arg("weights"), pybind11::arg("num_actions"),
         pybind11::arg("reward_eps"), pybind11::arg("value_eps"),
-        pybind11::arg("latent"), pybind11::arg("action"));
+        pybind11::arg("latent"), pybind11::arg("action"),
+        pybind11::arg("baseline") = false);
   m.def("mlp_unroll", &mlp_unroll,
         "Benchmark hook: actions.size(0) chained network steps without a "
         "tree. Returns the last latent.",
