@@ -8,6 +8,10 @@
 // ~3.5 us per simulation at B=1, mostly pybind call overhead). See
 // /work/shared/notes/mcts-speed-on-cpu.md.
 //
+// The file also holds `mlp_search`: a whole search for MuZeroMLPModel with
+// its network step in C++ too (section "Fused search" below); it reuses the
+// per-tree select and backup of this contract.
+//
 // Numerical contract (the plain-torch path in mcts/puct.py, select.py and
 // backup.py mirrors it, and the visit counts must match exactly):
 //   * everything is float32; the double scalars (pb_c_base, pb_c_init,
@@ -26,7 +30,8 @@
 //     if every root action is illegal, action 0 is returned (argmax of an
 //     all -inf row).
 // No fused multiply-add may be contracted from these expressions: the
-// extension is built without -march flags (baseline x86-64 has no FMA) and,
+// extension is built without -march flags (baseline x86-64 has no FMA; the
+// AVX2 copy of the fused MLP step is target("avx2"), without FMA too) and,
 // for GCC/Clang, fp-contract is switched off below, so every product is
 // rounded before the following addition, as separate torch ops do.
 // log() may differ from torch's vectorised log by an ulp; that only moves
