@@ -213,7 +213,9 @@ class AsyncTrainer(TrainerBase):
                 self._take_batch(self._next_batch(iterator), budgets)
                 cold = not self.train_budget_ready()
                 if self.should_stop():
-                    return
+                    break
+            if self.stop_reason is not None:
+                break
             # 2. a chunk of training
             steps = min(ap.max_train_chunk_steps, int(math.floor(sum(budgets))))
             t0 = time.monotonic()

@@ -67,7 +67,7 @@ class Learner:
         out = self.loss_module(batch.to(self.device))
         loss = sum(v for k, v in out.items() if k.startswith("loss_"))
         if not math.isfinite(float(loss.detach())):
-            parts = {k: float(v) for k, v in out.items() if k.startswith("loss_")}
+            parts = {k: float(v.detach()) for k, v in out.items() if k.startswith("loss_")}
             raise NonFiniteLossError(f"the loss became non-finite at train step {self.train_iter}: {parts}")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
