@@ -52,7 +52,7 @@ def _wait_no_children(timeout=10.0):
 def test_factory_builds_a_parallel_grayscale_env_the_model_can_read():
     from torchrl.envs import ParallelEnv
 
-    env = make_env(_cfg(), num_envs=2, seed=0)
+    env = make_env(_cfg(parallel=True), num_envs=2, seed=0)
     try:
         assert isinstance(env.base_env, ParallelEnv)
         spec = env.observation_spec["observation"]

@@ -37,7 +37,9 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
 
     Vector envs are stepped in-process (``SerialEnv``): one MuZero search
     covers all of them, so each step of the batch costs one batched search.
-    Atari envs get the preprocessing of :mod:`torchrl_muzero.envs.atari`.
+    Atari envs get the preprocessing of :mod:`torchrl_muzero.envs.atari`,
+    in-process too unless ``env_cfg.parallel`` (on 2 cores ``SerialEnv`` steps
+    Pong twice as fast as ``ParallelEnv``; more cores favour ``ParallelEnv``).
     ``RewardSum`` tracks the episode return for logging.
 
     Examples:
@@ -54,7 +56,7 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
     if env_cfg.kind == "atari":
         from torchrl_muzero.envs.atari import make_atari_env
 
-        env = make_atari_env(env_cfg, n, training=training)
+        env = make_atari_env(env_cfg, n, training=training, parallel=env_cfg.parallel and n > 1)
     elif env_cfg.kind == "gym":
         env = SerialEnv(n, functools.partial(_make_gym, env_cfg.id, env_cfg.max_episode_steps))
         env = TransformedEnv(env, RewardSum())

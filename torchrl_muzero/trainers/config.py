@@ -29,6 +29,7 @@ class EnvConfig:
     kind: str = "gym"  # "gym" (vector observations) or "atari"
     id: str = "CartPole-v1"
     num_envs: int = 8  # envs stepped together by one collector (B roots per search)
+    parallel: bool = False  # Atari: one process per game (ParallelEnv) instead of in-process (SerialEnv)
     max_episode_steps: int = 0  # 0: the env's own limit
     # atari preprocessing (kind == "atari")
     frame_skip: int = 4
