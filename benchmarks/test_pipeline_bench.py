@@ -12,11 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
 
-from torchrl_muzero.trainers import AsyncTrainer, SyncTrainer, load_config
-from torchrl_muzero.trainers.config import TrainConfig
+from torchrl_muzero.trainers import AsyncTrainer, SyncTrainer
+from torchrl_muzero.trainers.hydra_entry import compose_config
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
 STEPS = 6144
@@ -30,14 +28,11 @@ CASES = {
 
 
 def _config(run_dir, extra):
-    ConfigStore.instance().store(name="base_config", node=TrainConfig)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose(config_name="config", overrides=[
-            f"run_dir={run_dir}", "logger.progress_bar=false", "logger.backend=none",
-            f"train.total_env_steps={STEPS}", "train.train_start_after_envsteps=512", "train.stop_return=0",
-            "train.max_wall_time_s=0", "eval.interval=1000000", "async_pipeline.num_evaluator_actors=0",
-            *extra])
-    return load_config(cfg)
+    return compose_config(CONFIG_DIR, [
+        f"run_dir={run_dir}", "logger.progress_bar=false", "logger.backend=none",
+        f"train.total_env_steps={STEPS}", "train.train_start_after_envsteps=512", "train.stop_return=0",
+        "train.max_wall_time_s=0", "eval.interval=1000000", "async_pipeline.num_evaluator_actors=0",
+        *extra])
 
 
 @pytest.mark.parametrize("case", list(CASES))

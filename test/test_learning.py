@@ -8,23 +8,17 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
 
 from pipeline_utils import live_descendants
-from torchrl_muzero.trainers import AsyncTrainer, SyncTrainer, load_config
-from torchrl_muzero.trainers.config import TrainConfig
+from torchrl_muzero.trainers import AsyncTrainer, SyncTrainer
+from torchrl_muzero.trainers.hydra_entry import compose_config
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
 RANDOM_RETURN = 22.0
 
 
 def _cartpole_config(run_dir, *overrides):
-    ConfigStore.instance().store(name="base_config", node=TrainConfig)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose(config_name="config", overrides=[f"run_dir={run_dir}", "logger.progress_bar=false",
-                                                        *overrides])
-    return load_config(cfg)
+    return compose_config(CONFIG_DIR, [f"run_dir={run_dir}", "logger.progress_bar=false", *overrides])
 
 
 @pytest.mark.slow

@@ -4,24 +4,16 @@
     python sota-implementations/muzero/muzero_async.py env=Pong
 """
 import hydra
-from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
 
-from torchrl_muzero.trainers.config import TrainConfig
+from torchrl_muzero.trainers import AsyncTrainer
+from torchrl_muzero.trainers.hydra_entry import register_base_config, run_from_hydra
 
-# The typed schema is the base of every config: every key exists (so any dotted
-# override works) and OmegaConf checks types; load_config checks the rest.
-ConfigStore.instance().store(name="base_config", node=TrainConfig)
+register_base_config()
 
 
 @hydra.main(config_path="config", config_name="config", version_base=None)
 def main(cfg) -> None:
-    from torchrl_muzero.trainers import AsyncTrainer, load_config
-
-    run_cfg = load_config(cfg)
-    if run_cfg.run_dir is None and run_cfg.resume is None:
-        run_cfg.run_dir = HydraConfig.get().runtime.output_dir
-    AsyncTrainer(run_cfg).run()
+    run_from_hydra(cfg, AsyncTrainer)
 
 
 if __name__ == "__main__":
