@@ -454,6 +454,11 @@ def test_importance_weights_and_beta_annealing():
     for _ in range(3):
         buf.sample(1)
     assert buf.current_beta == 1.0
+    # weights are normalised by the batch's own smallest priority: the largest is always 1,
+    # whatever the buffer's minimum (a lone sample of priority 4 weighs 1, not 1/4)
+    for size in (1, 2, 7):
+        w = buf.sample(size)["weight"][:, 0]
+        assert w.max() == 1.0
 
 
 def test_new_data_enters_with_max_priority():

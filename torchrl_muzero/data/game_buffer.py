@@ -831,8 +831,9 @@ class GameBuffer:
               episode, and after a terminal where they are 0; False past a
               truncation or the newest stored step);
             * ``"policy_mask"`` (bool): a policy target exists (a step is stored);
-            * ``"weight"``: importance weights ``(p_i / p_min) ** -beta`` (the
-              same in every column; read column 0);
+            * ``"weight"``: importance weights ``(p_i / p_min) ** -beta`` with
+              ``p_min`` the smallest priority *of the batch* (the largest weight
+              is 1; the same in every column; read column 0);
             * ``"index"`` / ``"stamp"`` (long): the root rows and their write
               times (the same in every column), for :meth:`update_priority`;
             * ``"policy_version"`` (long): the version that searched the root.
@@ -856,7 +857,11 @@ class GameBuffer:
         roots = self._tree.sample(B, generator=g)
         prio = self._tree[roots]
         beta = self.current_beta
-        weight = (prio / self._tree.min()).pow(-beta).float()
+        # Normalised by the batch's own smallest priority (as LightZero does), not the
+        # buffer's: one near-zero priority anywhere in the buffer would otherwise
+        # shrink every weight, and the loss scale would jump whenever it is sampled
+        # or overwritten, which Adam's running statistics follow only slowly.
+        weight = (prio / prio.min()).pow(-beta).float()
         self._num_samples += 1
 
         J = K + n + 1
