@@ -198,3 +198,13 @@ def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
     assert state["counters"]["train_iter"] == summary["train_iter"] > 0
     time.sleep(1.0)
     assert processes_with_marker(marker) == []
+
+
+def test_async_knobs_with_no_meaning_here_fail_at_start(tmp_path):
+    with pytest.raises(ValueError, match="max_collect_inflight=1: each collector worker"):
+        AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.num_collector_actors": 2,
+                                              "async_pipeline.max_collect_inflight": 1})).run()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="collector_num_gpus=0.5 asks for GPU actors"):
+            AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.collector_num_gpus": 0.5})).run()
+    assert not _wait_no_descendants()

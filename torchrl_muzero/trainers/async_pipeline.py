@@ -121,8 +121,8 @@ class _ControlledPolicy(TensorDictModuleBase):
 def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, action_spec, control: SharedControl,
                         device: str = "cpu"):
     """Runs in each collector worker (``policy_factory``): a fresh model the scheme fills with weights."""
-    torch.set_num_threads(1)
     cfg = load_config(cfg_dict)
+    torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
     model = build_model(cfg, observation_shape, num_actions).to(device).eval()
     policy = MCTSPolicy(model, mcts_config(cfg), action_spec)
     return LockedPolicy(_ControlledPolicy(policy, control), weights_module=model)
@@ -152,6 +152,15 @@ class AsyncTrainer(TrainerBase):
 
     def _loop(self) -> None:
         cfg, ap = self.cfg, self.cfg.async_pipeline
+        if ap.max_collect_inflight not in (0, ap.num_collector_actors):
+            # torchrl's MultiAsyncCollector keeps exactly one collect in flight per worker
+            raise ValueError(
+                f"async_pipeline.max_collect_inflight={ap.max_collect_inflight}: each collector worker has "
+                f"exactly one collect in flight, so it must equal num_collector_actors "
+                f"({ap.num_collector_actors}) or be 0; use fewer collector actors to collect less at once."
+            )
+        if ap.num_collector_actors < 1:
+            raise ValueError(f"async_pipeline.num_collector_actors must be >= 1, got {ap.num_collector_actors}.")
         for knob in ("collector_num_gpus", "evaluator_num_gpus"):
             if getattr(ap, knob) > 0 and not torch.cuda.is_available():
                 raise ValueError(f"async_pipeline.{knob}={getattr(ap, knob)} asks for GPU actors, "

@@ -137,6 +137,11 @@ class TrainerBase:
             self.metrics.log(self.env_steps, {"train/train_iter": it, "buffer/size": len(self.buffer),
                                               "time/env_steps_per_s": self.env_steps / max(self.metrics.wall(), 1e-6),
                                               "time/updates_per_s": it / max(self.metrics.wall(), 1e-6)})
+        if it % self.cfg.async_pipeline.buffer_stats_interval == 0:
+            self.metrics.log(self.env_steps, {"buffer/transitions": len(self.buffer),
+                                              "buffer/sampleable": self.buffer.num_sampleable,
+                                              "buffer/megabytes": self.buffer.nbytes() / 2**20,
+                                              "buffer/beta": self.buffer.current_beta})
         if it % self.cfg.train.checkpoint_interval == 0:
             self.save(with_buffer=False)
 

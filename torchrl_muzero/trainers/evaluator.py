@@ -41,7 +41,9 @@ class EvalResult:
 
 
 def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results, parent_pid, index):
-    torch.set_num_threads(1)
+    num_threads = max(1, int(cfg_dict["async_pipeline"]["evaluator_num_cpus"]))
+    torch.set_num_threads(num_threads)
+    device = "cuda" if cfg_dict["async_pipeline"]["evaluator_num_gpus"] > 0 else "cpu"
     try:
         from torchrl_muzero.envs import make_env
         from torchrl_muzero.trainers.builders import build_model, mcts_config
@@ -49,7 +51,7 @@ def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results,
         from torchrl_muzero.trainers.evaluation import evaluate
 
         cfg = load_config(cfg_dict)
-        model = build_model(cfg, observation_shape, num_actions).eval()
+        model = build_model(cfg, observation_shape, num_actions).to(device).eval()
         env = make_env(cfg.env, num_envs=cfg.eval.num_episodes, seed=cfg.seed + 10_000 + index, training=False)
         sims = cfg.eval.num_simulations or cfg.mcts.num_simulations
         mcts = mcts_config(cfg, temperature=0.0, num_simulations=sims)
