@@ -22,8 +22,10 @@ STEPS = 6144
 CASES = {
     # the shipped CartPole settings: 16 simulations, replay ratio 0.25
     "cartpole-default": [],
-    # a heavier search, where collection and learning cost about the same
+    # a heavier search
     "cartpole-50sims": ["mcts.num_simulations=50"],
+    # publishing every 10 updates instead of every update
+    "cartpole-sync10": ["async_pipeline.weight_sync_interval=10"],
 }
 
 
