@@ -208,3 +208,20 @@ def test_async_knobs_with_no_meaning_here_fail_at_start(tmp_path):
         with pytest.raises(ValueError, match="collector_num_gpus=0.5 asks for GPU actors"):
             AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.collector_num_gpus": 0.5})).run()
     assert not _wait_no_descendants()
+
+
+def test_async_nan_loss_stops_cleanly_without_leftover_processes(tmp_path, monkeypatch):
+    trainer = AsyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 10**6}))
+    real_forward = trainer.learner.loss_module.forward
+
+    def poisoned(td):
+        out = real_forward(td)
+        if trainer.learner.train_iter >= 12:
+            out["loss_reward"] = out["loss_reward"] * float("inf")
+        return out
+
+    monkeypatch.setattr(trainer.learner.loss_module, "forward", poisoned)
+    summary = trainer.run()
+    assert summary["status"] == "nan" and "train step 12" in summary["reason"]
+    assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["counters"]["train_iter"] == 10
+    assert not _wait_no_descendants()
