@@ -361,9 +361,17 @@ class AsyncTrainer(TrainerBase):
         """``next(iterator)``, with a dead collector worker turned into a clear stop."""
         try:
             return next(iterator)
-        except RuntimeError as err:
-            dead = [f"collector worker {i} (pid {p.pid}, exit code {p.exitcode})"
-                    for i, p in enumerate(getattr(self.collector, "procs", [])) if not p._closed and not p.is_alive()]
+        except (RuntimeError, OSError, EOFError) as err:
+            # a worker killed while its batch is in flight also shows up as a broken
+            # connection (ConnectionResetError / EOFError) when the batch is unpickled
+            deadline = time.monotonic() + 2.0
+            while True:
+                dead = [f"collector worker {i} (pid {p.pid}, exit code {p.exitcode})"
+                        for i, p in enumerate(getattr(self.collector, "procs", []))
+                        if not p._closed and not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             if dead or "process failed" in str(err) or "exit code" in str(err):
-                raise WorkerDied(f"{', '.join(dead) or 'a collector worker'} died: {err}") from err
+                raise WorkerDied(f"{', '.join(dead) or 'a collector worker'} died: {err!r}") from err
             raise
