@@ -360,3 +360,12 @@ def test_atari_configs_share_every_setting_but_the_game():
     pong, generic = flat(_compose("env=Pong")), flat(_compose("env=atari"))
     differ = sorted(k for k in pong if pong[k] != generic[k])
     assert differ == ["env.name", "train.stop_return"]
+
+
+def test_atari_stays_on_parallelenv_until_asyncenvpool_works():
+    """Canary: fails the day the installed torchrl's AsyncEnvPool works under a Collector."""
+    from torchrl_muzero.trainers.torchrl_guards import asyncenvpool_is_fixed
+
+    if asyncenvpool_is_fixed():
+        pytest.fail("Collector(AsyncEnvPool(...)) works on this torchrl: switch make_atari_env to "
+                    "AsyncEnvPool (see the PR 4701 notes in torchrl_guards.py) and retire this canary.")
