@@ -182,6 +182,7 @@ class AsyncTrainer(TrainerBase):
         action_spec = probe.action_spec[0] if len(probe.batch_size) else probe.action_spec
         probe.close()
         n_workers = ap.num_collector_actors
+        learner_threads = torch.get_num_threads()
         self.scheme = GuardedWeightSyncScheme(initial_weights=self.learner.model, timeout_s=ap.shutdown_timeout_s)
         self.collector = MultiAsyncCollector(
             [functools.partial(_make_worker_env, cfg.env, cfg.seed + 1000 * (i + 1)) for i in range(n_workers)],
@@ -193,6 +194,8 @@ class AsyncTrainer(TrainerBase):
             total_frames=-1,
             weight_sync_schemes={"policy": self.scheme},
             use_buffers=False,  # batches travel as copies: the driver never reads a buffer a worker refills
+            # torchrl would drop the driver to (cores - workers) threads; the learner keeps what it had
+            num_threads=learner_threads,
             auto_register_policy_transforms=False,
         )
         self.evaluators = None
