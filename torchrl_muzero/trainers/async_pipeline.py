@@ -172,6 +172,7 @@ class AsyncTrainer(TrainerBase):
         self.lag_sum = 0.0
         self.lag_frames = 0
         self.learner_busy_s = 0.0
+        self._pending_eval: dict[int, dict] = {}  # version -> the exact weights sent to an evaluator
         cfg_dict = config_to_dict(cfg)
 
         control = SharedControl(2)
@@ -212,7 +213,7 @@ class AsyncTrainer(TrainerBase):
         iterator = iter(self.collector)
         last_eval_submitted = -1
         if ap.eval_at_start:
-            self._submit_eval(force=True)
+            self._submit_eval()
             last_eval_submitted = self.learner.train_iter
         while not self.should_stop():
             cold = not self.train_budget_ready()
@@ -307,12 +308,11 @@ class AsyncTrainer(TrainerBase):
     def _snapshot(self) -> dict:
         return {k: v.detach().cpu().clone() for k, v in self.learner.model.state_dict().items()}
 
-    def _submit_eval(self, force: bool = False) -> bool:
+    def _submit_eval(self) -> bool:
         if self.evaluators is None or not self.evaluators.can_submit():
             return False
         version = self.learner.train_iter
         weights = self._snapshot()
-        self._pending_eval = getattr(self, "_pending_eval", {})
         self._pending_eval[version] = weights  # the exact weights, saved when their score arrives
         self.evaluators.submit(version, weights)
         return True
