@@ -854,3 +854,20 @@ def test_clear_errors_on_bad_input():
         b2.sample(4)
     with pytest.raises(ValueError, match="batch_size"):
         buf.sample(0)
+
+
+def test_end_running_trajectories_lets_ids_start_over():
+    # a running trajectory (no done yet) is stored; new collectors reuse its id from scratch
+    buf = GameBuffer(100, num_unroll_steps=1, td_steps=2, discount=1.0, seed=0)
+    buf.extend(Episode(7, [1.0] * 6, end="open").chunk(0, 3))
+    restarted = Episode(8, [1.0] * 6, end="terminal", traj=7).chunk(0, 6)  # other observations, same id
+    with pytest.raises(ValueError, match="trajectory id 7 continues"):
+        buf.extend(restarted.clone())
+    assert buf.end_running_trajectories() == 1
+    assert buf.end_running_trajectories() == 0
+    assert buf.extend(restarted) == 6
+    batch = buf.sample(64)
+    assert torch.isfinite(batch["target_value"]).all()
+    # roots of the first, cut trajectory (observations 7000 + t) end at the truncation row
+    cut = batch["observation"][:, 0, 0] < 8000
+    assert cut.any() and (~cut).any()

@@ -225,3 +225,16 @@ def test_async_nan_loss_stops_cleanly_without_leftover_processes(tmp_path, monke
     assert summary["status"] == "nan" and "train step 12" in summary["reason"]
     assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["counters"]["train_iter"] == 10
     assert not _wait_no_descendants()
+
+
+def test_async_resume_continues_counters_and_buffer(tmp_path):
+    first = AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.num_evaluator_actors": 0})).run()
+    assert first["status"] == "ok"
+    resumed = AsyncTrainer(tiny_config(tmp_path, resume=str(tmp_path), **{
+        "train.total_env_steps": 1024, "async_pipeline.num_evaluator_actors": 0}))
+    assert resumed.learner.train_iter == first["train_iter"] and resumed.env_steps == first["env_steps"]
+    assert len(resumed.buffer) > 0
+    second = resumed.run()
+    assert second["status"] == "ok" and second["train_iter"] > first["train_iter"]
+    assert second["env_steps"] >= 1024
+    assert not _wait_no_descendants()

@@ -1056,6 +1056,23 @@ class GameBuffer:
             "frame_padding_value": float(self.frames.padding_value),
         }
 
+    def end_running_trajectories(self) -> int:
+        """End every stored running trajectory as truncated; return how many.
+
+        Call it when the collectors that produced them are gone (a resumed run
+        starts new collectors whose trajectory ids begin again at 0): the
+        newest observation of each becomes a truncation (bootstrap) row, and a
+        later chunk with the same id starts a new trajectory instead of being
+        checked against it.
+        """
+        ended = 0
+        for slot, stamp in self._open.values():
+            if bool(self._alive[slot]) and int(self._write_time[slot]) == stamp and int(self._kind[slot]) == _OPEN:
+                self._kind[slot] = _TRUNCATED
+                ended += 1
+        self._open.clear()
+        return ended
+
     def state_dict(self) -> dict:
         """Everything needed to resume: storage, links, priorities, cursors, RNG."""
         return {

@@ -113,6 +113,8 @@ class TrainerBase:
         buffer_path = self.ckpt_dir / "buffer.pt"
         if buffer_path.exists():
             self.buffer.load(buffer_path)
+            # the new collectors number their trajectories from 0 again
+            self.buffer.end_running_trajectories()
         print(f"torchrl_muzero: resumed {self.run_dir} at {self.env_steps} env steps, "
               f"train step {self.learner.train_iter}, buffer {len(self.buffer)} transitions")
 
