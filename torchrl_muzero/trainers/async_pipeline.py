@@ -173,6 +173,7 @@ class AsyncTrainer(TrainerBase):
         self.lag_frames = 0
         self.learner_busy_s = 0.0
         self._pending_eval: dict[int, dict] = {}  # version -> the exact weights sent to an evaluator
+        self._evaluated: set[int] = set()  # versions already sent to an evaluator
         cfg_dict = config_to_dict(cfg)
 
         control = SharedControl(2)
@@ -309,9 +310,10 @@ class AsyncTrainer(TrainerBase):
         return {k: v.detach().cpu().clone() for k, v in self.learner.model.state_dict().items()}
 
     def _submit_eval(self) -> bool:
-        if self.evaluators is None or not self.evaluators.can_submit():
-            return False
         version = self.learner.train_iter
+        if self.evaluators is None or not self.evaluators.can_submit() or version in self._evaluated:
+            return False  # each version is scored once: its checkpoint holds exactly that score
+        self._evaluated.add(version)
         weights = self._snapshot()
         self._pending_eval[version] = weights  # the exact weights, saved when their score arrives
         self.evaluators.submit(version, weights)

@@ -67,7 +67,9 @@ class SyncTrainer(TrainerBase):
             self.metrics.progress(self.env_steps, self.learner.train_iter, lag=0.0)
             if self.should_stop():
                 break
-        if self.stop_reason and self.learner.train_iter and "stop_return" not in self.stop_reason:
+        last_evaluated = next_eval - cfg.eval.interval
+        if (self.stop_reason and self.learner.train_iter and "stop_return" not in self.stop_reason
+                and self.learner.train_iter != last_evaluated):  # each version is scored once
             self._evaluate()
 
     def _evaluate(self) -> float:
