@@ -187,12 +187,11 @@ def test_fused_search_is_batch_invariant():
     # sample's arithmetic is fixed by the kernel, whatever tile it lands in.
     model = _model(5, A=6, latent=24, hidden=40, support=300)
     g = torch.Generator().manual_seed(0)
-    latent, logits, value_logits = model.initial_inference(2 * torch.randn(64, 5, generator=g))
-    value = model.value_support.decode(value_logits)
+    latent, logits, _ = model.initial_inference(2 * torch.randn(64, 5, generator=g))
     cfg = MCTSConfig(num_simulations=30, backend="cpp")
-    batch = search_from_root(model, latent, logits, value, cfg, add_noise=False, two_player=True)
+    batch = search_from_root(model, latent, logits, cfg, add_noise=False, two_player=True)
     for i in (0, 13, 63):
-        one = search_from_root(model, latent[i : i + 1], logits[i : i + 1], value[i : i + 1], cfg,
+        one = search_from_root(model, latent[i : i + 1], logits[i : i + 1], cfg,
                                add_noise=False, two_player=True)
         for name, t in one.tree.tensors().items():
             assert torch.equal(t[0], getattr(batch.tree, name)[i]), name

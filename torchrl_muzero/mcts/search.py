@@ -99,19 +99,18 @@ def search_from_root(
     model,
     root_latent: torch.Tensor,
     root_policy_logits: torch.Tensor,
-    root_value: torch.Tensor,
     config: MCTSConfig,
     action_mask: torch.Tensor | None = None,
     two_player: bool = False,
     add_noise: bool = True,
     generator: torch.Generator | None = None,
 ) -> SearchResult:
-    """Search from already-computed root outputs (``model.initial_inference`` + decode).
+    """Search from already-computed root outputs (the latent and policy logits of
+    ``model.initial_inference``).
 
-    ``root_value`` is not used by pUCT (the root is not backed up with its own
-    estimate, as in the MuZero pseudocode); it is returned as the root value
-    of searches whose trees saw no simulation, which cannot happen with
-    ``num_simulations >= 1``, and kept in the signature for value-only users.
+    The root's own value estimate is not needed: the root is not backed up
+    with it (MuZero pseudocode), and its reported value is the mean return of
+    the simulations.
     """
     B, A = root_policy_logits.shape
     device = root_latent.device
@@ -145,23 +144,18 @@ def search_from_root(
             tree.embeddings, tensors, reward_eps, value_eps, config.pb_c_base, config.pb_c_init, discount,
         )
     else:
+        # the same loop over either implementation of the tree bookkeeping
+        select, backup = (_cpp.cpp_select, _cpp.cpp_expand_and_backup) if ops is not None else (
+            select_leaves, expand_and_backup)
         rows = torch.arange(B, device=device)
         for sim in range(config.num_simulations):
             node_index = sim + 1
-            if ops is not None:
-                leaf_node, leaf_action = _cpp.cpp_select(tree, config.pb_c_base, config.pb_c_init, discount)
-            else:
-                leaf_node, leaf_action = select_leaves(tree, config.pb_c_base, config.pb_c_init, discount)
+            leaf_node, leaf_action = select(tree, config.pb_c_base, config.pb_c_init, discount)
             latent = tree.embeddings[rows, leaf_node]
             next_latent, reward, policy_logits, value = model.recurrent_inference_scalar(latent, leaf_action)
             tree.embeddings[:, node_index] = next_latent
             child_prior = torch.softmax(policy_logits.float(), -1)
-            if ops is not None:
-                _cpp.cpp_expand_and_backup(
-                    tree, node_index, leaf_node, leaf_action, reward.float(), value.float(), child_prior, discount
-                )
-            else:
-                expand_and_backup(tree, node_index, leaf_node, leaf_action, reward, value, child_prior, discount)
+            backup(tree, node_index, leaf_node, leaf_action, reward.float(), value.float(), child_prior, discount)
 
     visit_counts = tree.root_child_visits()
     search_policy = visit_counts.float() / visit_counts.sum(-1, keepdim=True).clamp_min(1)
@@ -211,13 +205,11 @@ def search(
             f"got {tuple(observation.shape)}."
         )
     device = next(model.parameters()).device
-    latent, policy_logits, value_logits = model.initial_inference(observation.to(device))
-    value = model.value_support.decode_fast(value_logits)  # same value, a fraction of the aten calls
+    latent, policy_logits, _ = model.initial_inference(observation.to(device))
     return search_from_root(
         model,
         latent,
         policy_logits,
-        value,
         config,
         action_mask=None if action_mask is None else action_mask.to(device),
         two_player=to_play is not None,
