@@ -306,15 +306,12 @@ class AsyncTrainer(TrainerBase):
                 raise WorkerDied(f"weight publishing to the collector workers failed: {err}") from err
             self.published_iter = self.learner.train_iter
 
-    def _snapshot(self) -> dict:
-        return {k: v.detach().cpu().clone() for k, v in self.learner.model.state_dict().items()}
-
     def _submit_eval(self) -> bool:
         version = self.learner.train_iter
         if self.evaluators is None or not self.evaluators.can_submit() or version in self._evaluated:
             return False  # each version is scored once: its checkpoint holds exactly that score
         self._evaluated.add(version)
-        weights = self._snapshot()
+        weights = self.model_snapshot()
         self._pending_eval[version] = weights  # the exact weights, saved when their score arrives
         self.evaluators.submit(version, weights)
         return True

@@ -87,6 +87,10 @@ class TrainerBase:
             self.buffer.save(self.ckpt_dir / "buffer.pt")
         return path
 
+    def model_snapshot(self) -> dict:
+        """A private CPU copy of the learner's weights (what evaluations score and checkpoints keep)."""
+        return {k: v.detach().cpu().clone() for k, v in self.learner.model.state_dict().items()}
+
     def save_evaluated(self, version: int, model_state: dict, mean_return: float) -> Path:
         """Save the exact weights an evaluation scored, as ``ckpt/model_v{version}.pt``."""
         state = {"model": model_state, "counters": {**self._counters(), "policy_version": version,

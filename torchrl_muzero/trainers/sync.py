@@ -79,7 +79,7 @@ class SyncTrainer(TrainerBase):
         mean = sum(returns) / len(returns)
         version = self.learner.train_iter
         self.metrics.log_eval(self.env_steps, version, version, mean)
-        self.save_evaluated(version, {k: v.detach().cpu().clone() for k, v in self.learner.model.state_dict().items()}, mean)
+        self.save_evaluated(version, self.model_snapshot(), mean)
         return mean
 
     def _shutdown(self) -> None:
