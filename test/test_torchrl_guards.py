@@ -377,6 +377,47 @@ def test_worker_failures_raise_naming_the_worker_instead_of_hanging():
         collector.shutdown(raise_on_error=False)
 
 
+@pytest.mark.timeout(120)
+def test_deferred_publish_returns_at_once_and_wait_applied_gives_the_guarantee():
+    """``publish_weights(wait=False)`` queues and returns; ``wait_applied`` waits, bounded, naming a silent worker."""
+    trainer = Twin()
+    scheme = GuardedWeightSyncScheme(initial_weights=trainer)
+    collector = MultiSyncCollector(
+        [make_env], policy_factory=make_locked_twin_policy, frames_per_batch=8, total_frames=-1,
+        weight_sync_schemes={"policy": scheme},
+    )
+    batches = iter(collector)
+    try:
+        next(batches)
+        # a stopped worker cannot acknowledge: a waiting publish would time out, a deferred one returns
+        pid = collector.procs[0].pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            train_step(trainer, 1)
+            assert publish_weights(collector, trainer, timeout_s=2.0, wait=False) == 1
+            assert scheme.pending_version == 1 and scheme.version == 0
+            with pytest.raises(WeightPublishError, match=r"worker\(s\) \[0\] did not acknowledge weights version 1"):
+                scheme.wait_applied(timeout_s=1.0)
+            assert scheme.pending_version is None
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # a publish first waits for the one before it (the staging buffer is reused)
+        train_step(trainer, 2)
+        assert publish_weights(collector, trainer, timeout_s=10.0, wait=False) == 2
+        train_step(trainer, 3)
+        assert publish_weights(collector, trainer, timeout_s=10.0, wait=False) == 3
+        assert scheme.version == 2 and scheme.pending_version == 3
+        scheme.wait_applied()
+        assert scheme.version == 3 and scheme.pending_version is None
+        scheme.wait_applied()  # nothing pending: returns at once
+        assert next(batches)["seen"].eq(3).all()
+        with pytest.raises(ValueError, match=r"publish_weights\(wait=False\) needs a GuardedWeightSyncScheme"):
+            plain = type("C", (), {"_weight_sync_schemes": {"policy": MultiProcessWeightSyncScheme()}})()
+            publish_weights(plain, trainer, wait=False)
+    finally:
+        collector.shutdown(raise_on_error=False)
+
+
 def test_find_locked_policy_through_wrappers():
     locked = make_locked_twin_policy()
 

@@ -11,8 +11,11 @@ Event loop of the driver::
     take finished collections (blocking only when there is nothing to train)
       -> buffer.extend, one train budget (frames * replay_ratio) per batch
     train a chunk of at most max_train_chunk_steps updates
+      -> each update on the cores the working actors leave free (cpu_budget.py)
       -> publish weights when train_iter advanced by weight_sync_interval,
-         or before a collector's lag would exceed max_policy_lag
+         or before a collector's lag would exceed max_policy_lag; the
+         workers' acknowledgment is awaited just before the next optimizer
+         step, so the wait overlaps that update's sampling and backward pass
     take evaluation results -> checkpoint of exactly the evaluated version
     hand the newest snapshot to an idle evaluator
 """
@@ -33,6 +36,7 @@ from torchrl_muzero.mcts import MCTSPolicy
 from torchrl_muzero.trainers.base import TrainerBase, TrainingStopped
 from torchrl_muzero.trainers.builders import build_model, mcts_config, temperature_at
 from torchrl_muzero.trainers.config import config_to_dict, load_config
+from torchrl_muzero.trainers.cpu_budget import LearnerThreads
 from torchrl_muzero.trainers.evaluator import EvaluatorPool, WorkerDied
 from torchrl_muzero.trainers.sync import episode_returns
 from torchrl_muzero.trainers.torchrl_guards import (
@@ -184,7 +188,8 @@ class AsyncTrainer(TrainerBase):
         action_spec = probe.action_spec[0] if len(probe.batch_size) else probe.action_spec
         probe.close()
         n_workers = ap.num_collector_actors
-        learner_threads = torch.get_num_threads()
+        self.threads = LearnerThreads(fixed=ap.learner_num_threads)
+        self.thread_steps = self.thread_updates = 0  # learner threads summed over updates, and the updates
         self.scheme = GuardedWeightSyncScheme(initial_weights=self.learner.model, timeout_s=ap.shutdown_timeout_s)
         self.collector = MultiAsyncCollector(
             [functools.partial(_make_worker_env, cfg.env, cfg.seed + 1000 * (i + 1)) for i in range(n_workers)],
@@ -196,8 +201,8 @@ class AsyncTrainer(TrainerBase):
             total_frames=-1,
             weight_sync_schemes={"policy": self.scheme},
             use_buffers=False,  # batches travel as copies: the driver never reads a buffer a worker refills
-            # torchrl would drop the driver to (cores - workers) threads; the learner keeps what it had
-            num_threads=learner_threads,
+            # torchrl would fix the driver at (cores - workers) threads; LearnerThreads decides per update
+            num_threads=self.threads.cores,
             auto_register_policy_transforms=False,
         )
         self.evaluators = None
@@ -231,15 +236,7 @@ class AsyncTrainer(TrainerBase):
             if self.stop_reason is not None:
                 break
             # 2. a chunk of training
-            steps = min(ap.max_train_chunk_steps, int(math.floor(sum(budgets))))
-            t0 = time.monotonic()
-            for _ in range(steps):
-                self._publish_if_due(before_step=True)
-                self.after_train_step(self.learner.step())
-                self.control[_LEARNER_ITER] = self.learner.train_iter
-                self._spend(budgets, 1.0)
-                self._publish_if_due(before_step=False)
-            self.learner_busy_s += time.monotonic() - t0
+            self._train(min(ap.max_train_chunk_steps, int(math.floor(sum(budgets) + 1e-9))), budgets)
             # 3. evaluations
             if self.evaluators is not None:
                 for result in self.evaluators.poll():
@@ -247,6 +244,9 @@ class AsyncTrainer(TrainerBase):
                 if self.learner.train_iter - max(last_eval_submitted, 0) >= cfg.eval.interval and self._submit_eval():
                     last_eval_submitted = self.learner.train_iter
             self.metrics.progress(self.env_steps, self.learner.train_iter, lag=self._mean_lag())
+        if self.env_steps >= cfg.train.total_env_steps:
+            # as in sync, every collected batch gets its updates: train the budget still queued
+            self._train(int(math.floor(sum(budgets) + 1e-9)), budgets)
         # final evaluation of the last weights, waited for (bounded)
         if self.evaluators is not None and self.learner.train_iter and "stop_return" not in (self.stop_reason or ""):
             self._final_eval()
@@ -256,6 +256,37 @@ class AsyncTrainer(TrainerBase):
         # queue means next() will not block.
         q = getattr(self.collector, "queue_out", None)
         return q is not None and not q.empty()
+
+    def _train(self, steps: int, budgets: deque) -> None:
+        t0 = time.monotonic()
+        for _ in range(steps):
+            self._publish_if_due(before_step=True)
+            self.thread_steps += self.threads.update(self._busy_actor_cpus())
+            self.thread_updates += 1
+            self.after_train_step(self.learner.step(before_optimizer_step=self._await_publish))
+            self.control[_LEARNER_ITER] = self.learner.train_iter
+            self._spend(budgets, 1.0)
+            self._publish_if_due(before_step=False)
+        self.learner_busy_s += time.monotonic() - t0
+
+    def _busy_actor_cpus(self) -> int:
+        """Cores the actors use right now: collectors collecting, evaluators evaluating."""
+        ap = self.cfg.async_pipeline
+        q = getattr(self.collector, "queue_out", None)
+        try:  # a worker whose batch waits in the queue is idle until the driver takes it
+            waiting = q.qsize() if q is not None else 0
+        except NotImplementedError:  # macOS multiprocessing queues
+            waiting = 0 if q.empty() else 1
+        collecting = max(0, ap.num_collector_actors - waiting)
+        evaluating = self.evaluators.inflight if self.evaluators is not None else 0
+        return collecting * ap.collector_num_cpus + evaluating * ap.evaluator_num_cpus
+
+    def _await_publish(self) -> None:
+        """Before the weights change: every worker runs the last published weights (the lag bound)."""
+        try:
+            self.scheme.wait_applied(self.cfg.async_pipeline.shutdown_timeout_s)
+        except WeightPublishError as err:
+            raise WorkerDied(f"weight publishing to the collector workers failed: {err}") from err
 
     @staticmethod
     def _spend(budgets: deque, amount: float) -> None:
@@ -301,7 +332,7 @@ class AsyncTrainer(TrainerBase):
         if gap > 0 and (forced or due):
             try:
                 publish_weights(self.collector, self.learner.model, timeout_s=ap.shutdown_timeout_s,
-                                train_iter=self.learner.train_iter, version_map=self.versions)
+                                train_iter=self.learner.train_iter, version_map=self.versions, wait=False)
             except WeightPublishError as err:
                 raise WorkerDied(f"weight publishing to the collector workers failed: {err}") from err
             self.published_iter = self.learner.train_iter
@@ -337,7 +368,8 @@ class AsyncTrainer(TrainerBase):
         counters = super()._counters()
         counters.update(policy_lag_max=getattr(self, "lag_max", 0), policy_lag_mean=self._mean_lag()
                         if hasattr(self, "lag_frames") else 0.0,
-                        learner_busy_fraction=getattr(self, "learner_busy_s", 0.0) / max(self.metrics.wall(), 1e-6))
+                        learner_busy_fraction=getattr(self, "learner_busy_s", 0.0) / max(self.metrics.wall(), 1e-6),
+                        learner_threads_mean=getattr(self, "thread_steps", 0) / max(getattr(self, "thread_updates", 0), 1))
         return counters
 
     def _shutdown(self) -> None:
@@ -356,6 +388,8 @@ class AsyncTrainer(TrainerBase):
             setattr(self, name, None)
         if getattr(self, "control", None) is not None:
             self.control.close()
+        if getattr(self, "threads", None) is not None:
+            self.threads.restore()
         if errors:
             print("torchrl_muzero: errors while shutting down: " + "; ".join(errors))
 

@@ -133,6 +133,9 @@ class AsyncPipelineConfig:
     eval_at_start: bool = False
     collector_num_cpus: int = 1
     evaluator_num_cpus: int = 1
+    # torch threads of the driver's learner; 0: the cores the working collectors / evaluators
+    # leave free, re-decided before every update (see trainers/cpu_budget.py)
+    learner_num_threads: int = 0
     collector_num_gpus: float = 0.0
     evaluator_num_gpus: float = 0.0
     buffer_stats_interval: int = 100

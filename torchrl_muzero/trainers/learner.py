@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Callable
 
 import torch
 
@@ -60,7 +61,14 @@ class Learner:
         )
         self.train_iter = 0
 
-    def step(self) -> dict[str, float]:
+    def step(self, before_optimizer_step: Callable[[], None] | None = None) -> dict[str, float]:
+        """One update; returns its scalar metrics.
+
+        ``before_optimizer_step`` runs after the backward pass, right before
+        the weights change (the async driver waits there for the workers to
+        apply the previous publish, so the policy lag bound holds while the
+        wait overlaps the sampling, forward and backward passes).
+        """
         self.model.train()
         batch = self.buffer.sample(self.cfg.optim.batch_size, model=self.model, target_model=self.target_model)
         stamp = batch.get("stamp", None) if "stamp" in batch.keys() else None
@@ -72,6 +80,8 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.loss_module.parameters(), self.cfg.optim.max_grad_norm)
+        if before_optimizer_step is not None:
+            before_optimizer_step()
         self.optimizer.step()
         self.buffer.update_priority(batch["index"], out["priority"].detach().cpu(), stamp)
         self.train_iter += 1

@@ -413,12 +413,14 @@ class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
         self._acked_version = 0  # last publish every targeted worker applied
         self._staging: TensorDictBase | None = None  # private shared-memory copy sent to workers
         self._last_received: TensorDictBase | None = None  # worker side, see _background_receive_loop
+        self._pending: tuple[int, list[int]] | None = None  # (publish number, workers) not yet acknowledged
 
     # ------------------------------------------------------------------ state
     def __getstate__(self):
         state = super().__getstate__()
         state["_initial_weights"] = None  # sent through the init queue, not pickled with the scheme
         state["_staging"] = None
+        state["_pending"] = None
         return state
 
     @property
@@ -523,6 +525,9 @@ class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
         if unknown:
             raise ValueError(f"GuardedWeightSyncScheme.send: unknown worker(s) {unknown}.")
 
+        wait = getattr(self, "_call_wait", None)
+        # the staging buffer is reused: every worker must have applied the previous publish first
+        self.wait_applied(timeout_s)
         staging = self._stage(weights)
         self._seq += 1
         seq = self._seq
@@ -530,14 +535,38 @@ class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
             self.sender_transports[w].weight_queue.put(((self._model_id, (seq, staging)), "update_weights"))
         for w in targets:
             self._instruction_queues[w].put((_RECEIVE, seq))
+        self._pending = (seq, targets)
+        if wait is None or wait:
+            self.wait_applied(timeout_s)
+
+    def wait_applied(self, timeout_s: float | None = None) -> None:
+        """Wait (bounded) until every targeted worker applied the last publish; no-op if it did.
+
+        ``send()`` waits by itself unless the publish was made with
+        ``publish_weights(..., wait=False)``: then the caller overlaps the
+        workers' copy (which waits for their current policy call to end) with
+        its own work and calls this before it needs the guarantee, e.g.
+        before the next optimizer step when it bounds the policy lag. Raises
+        :class:`WeightPublishError` naming a worker that failed, died or did
+        not answer within ``timeout_s``.
+        """
+        if self._pending is None:
+            return
+        seq, targets = self._pending
+        self._pending = None
         try:
-            self._wait_for_guarded_acks(seq, targets, timeout_s)
+            self._wait_for_guarded_acks(seq, targets, timeout_s or self.timeout_s)
         except WeightPublishError:
             # a worker that has not answered may still read the staging buffer
             # later: never write that buffer again
             self._staging = None
             raise
         self._acked_version = seq
+
+    @property
+    def pending_version(self) -> int | None:
+        """Publish number sent but not yet acknowledged by every worker (``None``: none)."""
+        return None if self._pending is None else self._pending[0]
 
     def _stage(self, weights: Any) -> TensorDictBase:
         """Copy ``weights`` into the scheme's private staging buffer (bugs 1 and 4).
@@ -751,6 +780,7 @@ def publish_weights(
     *,
     train_iter: int | None = None,
     version_map: PolicyVersionMap | None = None,
+    wait: bool = True,
 ) -> int:
     """Publish a private copy of ``weights`` to a multi-process collector's workers.
 
@@ -774,6 +804,10 @@ def publish_weights(
             recorded in ``version_map`` as produced by ``train_iter`` (before
             sending, so frames from a worker that applied it before another
             worker failed still map).
+        wait: ``False`` returns once the weights are queued (a
+            :class:`GuardedWeightSyncScheme` only); the scheme's
+            ``wait_applied()`` then waits for the workers. A later publish
+            waits for the earlier one first.
 
     Returns:
         the policy version the workers now run.
@@ -788,12 +822,14 @@ def publish_weights(
         version = scheme.next_version
         if version_map is not None:
             version_map.record(version, train_iter)
-        scheme._call_timeout_s = float(timeout_s)
+        scheme._call_timeout_s, scheme._call_wait = float(timeout_s), bool(wait)
         try:
             collector.update_policy_weights_(source)
         finally:
-            scheme._call_timeout_s = None
+            scheme._call_timeout_s = scheme._call_wait = None
         return version
+    if not wait:
+        raise ValueError(f"publish_weights(wait=False) needs a GuardedWeightSyncScheme, not {type(scheme).__name__}.")
 
     snap = snapshot_weights(weights)
 

@@ -1,0 +1,75 @@
+"""The async driver's learner threads: the cores the working actors leave free."""
+from __future__ import annotations
+
+import queue
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from torchrl_muzero.trainers import AsyncTrainer, load_config
+from torchrl_muzero.trainers.cpu_budget import LearnerThreads
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_learner_takes_the_cores_the_actors_leave():
+    threads = LearnerThreads(cores=4)
+    assert threads.update(busy_cpus=1) == 3 and torch.get_num_threads() == 3
+    assert threads.update(busy_cpus=3) == 1 and torch.get_num_threads() == 1
+    assert threads.update(busy_cpus=6) == 1, "the learner always keeps one thread"
+    assert threads.update(busy_cpus=0) == 4 and torch.get_num_threads() == 4
+
+
+def test_fixed_thread_count_and_restore():
+    torch.set_num_threads(2)
+    threads = LearnerThreads(cores=8, fixed=3)
+    assert threads.update(busy_cpus=7) == 3 and torch.get_num_threads() == 3
+    threads.restore()
+    assert torch.get_num_threads() == 2
+
+
+def test_default_cores_follow_torch_threads():
+    torch.set_num_threads(1)
+    assert LearnerThreads().cores == 1
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ValueError, match="learner_num_threads must be >= 0"):
+        LearnerThreads(cores=2, fixed=-1)
+
+
+class _Queue:
+    def __init__(self, n: int, qsize: bool = True) -> None:
+        self.n, self._qsize = n, qsize
+
+    def qsize(self) -> int:
+        if not self._qsize:
+            raise NotImplementedError
+        return self.n
+
+    def empty(self) -> bool:
+        return self.n == 0
+
+
+@pytest.mark.parametrize("waiting,inflight,expected", [(0, 0, 2), (1, 0, 1), (2, 0, 0), (2, 1, 3), (0, 1, 5)])
+def test_busy_actor_cpus_counts_collecting_workers_and_running_evaluations(waiting, inflight, expected):
+    cfg = load_config({"async_pipeline": {"num_collector_actors": 2, "collector_num_cpus": 1,
+                                          "evaluator_num_cpus": 3}})
+    fake = SimpleNamespace(cfg=cfg, collector=SimpleNamespace(queue_out=_Queue(waiting)),
+                           evaluators=SimpleNamespace(inflight=inflight))
+    # a worker whose batch waits in the queue is idle until the driver takes the batch
+    assert AsyncTrainer._busy_actor_cpus(fake) == expected
+
+
+def test_busy_actor_cpus_without_qsize():
+    cfg = load_config({"async_pipeline": {"num_collector_actors": 1}})
+    for waiting, expected in ((0, 1), (1, 0)):
+        fake = SimpleNamespace(cfg=cfg, collector=SimpleNamespace(queue_out=_Queue(waiting, qsize=False)),
+                               evaluators=None)
+        assert AsyncTrainer._busy_actor_cpus(fake) == expected
