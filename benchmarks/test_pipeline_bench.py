@@ -39,7 +39,7 @@ def _config(run_dir, extra):
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("pipeline", ["sync", "async"])
-def test_pipeline_env_steps_per_s(benchmark, tmp_path, case, pipeline):
+def test_pipeline_env_steps_per_s(benchmark, tmp_path, case, pipeline, all_cores):
     trainer = (AsyncTrainer if pipeline == "async" else SyncTrainer)(_config(tmp_path, CASES[case]))
     result = {}
 
@@ -55,5 +55,7 @@ def test_pipeline_env_steps_per_s(benchmark, tmp_path, case, pipeline):
                                 updates_per_s=round(result["train_iter"] / result["wall"], 1),
                                 policy_lag_max=result.get("policy_lag_max", 0),
                                 policy_lag_mean=round(result.get("policy_lag_mean", 0.0), 2),
-                                learner_busy_fraction=round(result.get("learner_busy_fraction", 0.0), 2))
+                                learner_busy_fraction=round(result.get("learner_busy_fraction", 0.0), 2),
+                                learner_threads_mean=round(result.get("learner_threads_mean", all_cores), 2),
+                                torch_threads=all_cores)
     print(f"\n{pipeline} {case}: {rate:.1f} env steps/s, {benchmark.extra_info}")

@@ -73,3 +73,26 @@ def test_busy_actor_cpus_without_qsize():
         fake = SimpleNamespace(cfg=cfg, collector=SimpleNamespace(queue_out=_Queue(waiting, qsize=False)),
                                evaluators=None)
         assert AsyncTrainer._busy_actor_cpus(fake) == expected
+
+
+def test_trainers_keep_the_thread_count_they_were_started_with(tmp_path, monkeypatch):
+    """torchrl's SerialEnv.close() caps the caller's threads at the count seen when torchrl was imported."""
+    import torchrl
+
+    from pipeline_utils import tiny_config
+    from torchrl_muzero.trainers import SyncTrainer
+
+    monkeypatch.setattr(torchrl, "_THREAD_POOL_INIT", 1)  # as if torchrl had been imported with 1 thread
+    torch.set_num_threads(2)
+    trainer = SyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 192, "eval.interval": 10**6}))
+    assert torch.get_num_threads() == 2, "building the trainer lowered the thread count"
+    seen = []
+    step = trainer.learner.step
+
+    def spy(**kw):
+        seen.append(torch.get_num_threads())
+        return step(**kw)
+
+    trainer.learner.step = spy
+    assert trainer.run()["status"] == "ok"
+    assert seen and set(seen) == {2}, f"the learner ran with {sorted(set(seen))} threads, not 2"

@@ -45,6 +45,7 @@ from torchrl_muzero.trainers.torchrl_guards import (
     PolicyVersionMap,
     WeightPublishError,
     publish_weights,
+    reclaim_torch_threads,
 )
 
 __all__ = ["AsyncTrainer"]
@@ -188,7 +189,7 @@ class AsyncTrainer(TrainerBase):
         action_spec = probe.action_spec[0] if len(probe.batch_size) else probe.action_spec
         probe.close()
         n_workers = ap.num_collector_actors
-        self.threads = LearnerThreads(fixed=ap.learner_num_threads)
+        self.threads = LearnerThreads(cores=reclaim_torch_threads(self.torch_threads), fixed=ap.learner_num_threads)
         self.thread_steps = self.thread_updates = 0  # learner threads summed over updates, and the updates
         self.scheme = GuardedWeightSyncScheme(initial_weights=self.learner.model, timeout_s=ap.shutdown_timeout_s)
         self.collector = MultiAsyncCollector(

@@ -18,6 +18,7 @@ from torchrl_muzero.trainers.checkpoint import (
 from torchrl_muzero.trainers.config import TrainConfig, config_to_dict, load_config
 from torchrl_muzero.trainers.learner import Learner, NonFiniteLossError
 from torchrl_muzero.trainers.metrics import RunMetrics
+from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
 
 __all__ = ["TrainerBase", "TrainingStopped"]
 
@@ -45,6 +46,9 @@ class TrainerBase:
         if not isinstance(cfg, TrainConfig):
             cfg = load_config(cfg)
         self.cfg = cfg
+        # the thread count the run was started with; torchrl's envs and collectors change it
+        # behind our back (torchrl_guards.reclaim_torch_threads), the trainers put it back
+        self.torch_threads = torch.get_num_threads()
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.device)
         self.run_dir = Path(cfg.resume or cfg.run_dir or f"runs/{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -54,6 +58,7 @@ class TrainerBase:
         probe = make_env(cfg.env, num_envs=1, seed=cfg.seed)
         self.observation_shape, self.num_actions = env_spaces(probe)
         probe.close()
+        reclaim_torch_threads(self.torch_threads)
         model = build_model(cfg, self.observation_shape, self.num_actions)
         self.buffer = build_buffer(cfg)
         self.learner = Learner(model, self.buffer, cfg, self.device)

@@ -57,7 +57,6 @@ class LearnerThreads:
         return wanted
 
     def restore(self) -> None:
-        """Give the process back the thread count it had before."""
-        if self.current != self.initial:
-            torch.set_num_threads(self.initial)
-            self.current = self.initial
+        """Give the process back the thread count it had before (whoever changed it since)."""
+        torch.set_num_threads(self.initial)
+        self.current = self.initial

@@ -9,6 +9,7 @@ from torchrl_muzero.mcts import MCTSPolicy
 from torchrl_muzero.trainers.base import TrainerBase
 from torchrl_muzero.trainers.builders import mcts_config, temperature_at
 from torchrl_muzero.trainers.evaluation import evaluate
+from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
 
 __all__ = ["SyncTrainer", "episode_returns"]
 
@@ -48,6 +49,9 @@ class SyncTrainer(TrainerBase):
         budget = 0.0
         next_eval = self.learner.train_iter + (0 if cfg.async_pipeline.eval_at_start else cfg.eval.interval)
         for batch in self.collector:
+            # a ParallelEnv took threads from this process when it started its workers (lazily):
+            # the search and the learner run here while the env workers wait, so take them back
+            reclaim_torch_threads(self.torch_threads)
             batch.set("policy_version", torch.full(batch.shape, self.learner.train_iter, dtype=torch.long))
             self.buffer.extend(batch)
             self.env_steps += batch.numel()

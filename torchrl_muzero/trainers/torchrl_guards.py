@@ -46,6 +46,17 @@ Bugs worked around (torchrl 0.14.1, ``MultiProcessWeightSyncScheme``):
    can spin forever. No workaround: use ``ParallelEnv`` until
    :func:`asyncenvpool_is_fixed` returns ``True``.
 
+Not from PR 4701, same module because it is the same kind of workaround:
+
+7. *torchrl changes the caller's torch thread count.* ``ParallelEnv`` drops
+   it by its number of workers when it starts them (lazily, at first use),
+   any batched env's ``close()`` sets it to ``min(count when torchrl was
+   imported, current + workers)`` (so it can *lower* a count raised after the
+   import: ``SerialEnv(...).close()`` in a process that imported torchrl with
+   1 thread leaves 1), and the multi-process collectors set it at start and
+   shutdown. Guard: :func:`reclaim_torch_threads`, called by the trainers
+   after building envs and before training.
+
 Usage (trainer side)::
 
     from torchrl.collectors import MultiSyncCollector
@@ -89,6 +100,7 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 
 __all__ = [
     "GuardedWeightSyncScheme",
+    "reclaim_torch_threads",
     "LockedPolicy",
     "PolicyVersionMap",
     "WeightPublishError",
@@ -936,3 +948,24 @@ def asyncenvpool_is_fixed(timeout_s: float = 120.0) -> bool:
         # the group may still hold grandchildren (env workers) even after a clean exit
         _kill_group(proc)
     return proc.returncode == 0
+
+
+# --------------------------------------------------------------------------- #
+# torch thread count (7, not a PR 4701 bug)
+# --------------------------------------------------------------------------- #
+# Remove when: torchrl's batched envs and collectors leave the calling
+# process's torch.get_num_threads() as they found it (check
+# BatchedEnvBase.close and ParallelEnv._start_workers in torchrl/envs/batched_envs.py).
+def reclaim_torch_threads(count: int) -> int:
+    """Set this process's torch thread count back to ``count`` if torchrl changed it; return it.
+
+    Examples:
+        >>> import torch
+        >>> before = torch.get_num_threads()
+        >>> torch.set_num_threads(1)   # e.g. a batched env's close() did this
+        >>> reclaim_torch_threads(before) == before == torch.get_num_threads()
+        True
+    """
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
+    return count
