@@ -6,28 +6,33 @@ channels, 1 block, strided stem, 601-bin value and reward supports,
 consistency loss on, K = 5, td_steps = 5) except where a case says otherwise:
 
 * ``test_pong_pipeline``: real Pong, 50-simulation search with the default
-  ResNet in the collector, ``SyncTrainer`` vs ``AsyncTrainer`` (one collector
-  worker) at the same replay ratio, evaluation off, for a fixed number of env
-  steps. What a 2-core CPU cannot afford is changed and listed in
-  ``PIPELINE_OVERRIDES`` / ``CASES`` (learner batch 8, 80 frames per collect,
-  env steps per case, training start, buffer capacity; a second case with a
-  lower replay ratio, and one with no updates: collection alone); the
+  ResNet in the collector, ``SyncTrainer`` vs ``AsyncTrainer`` (one or two
+  collector workers) at the same replay ratio, evaluation off, for a fixed
+  number of env steps, torch on every core as a user's script runs (the
+  async learner takes the cores its collectors leave, per update). What a
+  2-core CPU cannot afford is changed and listed in ``PIPELINE_OVERRIDES``
+  (learner batch 8, 80 frames per collect, training start, buffer capacity);
+  ``CASES`` are replay ratios: the shipped 0.25 (learner-bound), 1/24 (each
+  stage costs about the same on one core), 1/32 and collection alone; the
   collector's 8 envs, 50-simulation search and default ResNet are the
-  shipped ones. Reports env steps/s and learner
-  updates/s over ``run()`` (trainer construction excluded), updates/s from
-  the first to the last update, the replay ratio actually done, policy lag
-  and the learner's busy fraction (time in ``Learner.step`` / wall).
+  shipped ones. A one-thread sync is run in two cases to show how each
+  stage scales from one to two threads. Reports env steps/s and updates/s
+  over ``run()`` (trainer construction excluded) and in the steady state
+  (from the first update to the first update after the last batch: no
+  start-up, no cold start, no drained budget), the replay ratio done, policy
+  lag, the learner's busy fraction and its mean thread count.
 * ``test_learner_step`` / ``test_learner_sample`` / ``test_loss_forward_backward``:
   one ``Learner.step()`` (sample with value reanalyze by the target model,
   loss, backward, clipped AdamW step, priorities back) on a ``GameBuffer``
   filled with synthetic uint8 frames; the sample alone; the loss
-  forward + backward alone on a pre-drawn batch. Batch 256 (shipped) and 32.
-  One torch thread (``benchmarks/conftest.py``).
+  forward + backward alone on a pre-drawn batch. Batch 256 (shipped) and 32,
+  one torch thread (``benchmarks/conftest.py``); ``test_learner_step_batch8``:
+  the pipeline cases' batch on one thread and on every core.
 * ``test_atari_buffer_memory_100k``: ``GameBuffer(100_000, frame_stack=4)``
   filled with 100,000 synthetic 96x96 transitions (episodes of 200-400 steps);
   ``nbytes()`` per stored transition vs one frame and vs a naive 4-stack.
 
-Run (figures in docs/performance.md, "Atari (Pong)"; about 14 minutes on 2 cores):
+Run (figures in docs/performance.md, "Atari (Pong)"; about 40 minutes on 2 cores):
     python -m pytest benchmarks/test_atari_bench.py --benchmark-only \
         --benchmark-columns=mean,median,min,max,rounds -s
 """
@@ -143,31 +148,74 @@ PIPELINE_OVERRIDES = [
 CASES = {
     # the shipped replay ratio: the learner is the bottleneck on CPU
     "pong-rr0.25": ["train.replay_ratio=0.25", "train.total_env_steps=1200"],
-    # a replay ratio at which collection and learning cost about the same on this machine
-    "pong-rr0.03125": ["train.replay_ratio=0.03125", "train.total_env_steps=2400"],
+    # collection and learning cost about the same when each has one core of this machine (one
+    # update, batch 8, ~0.45 s on one thread; one env step of the 50-simulation collector ~19 ms)
+    "pong-rr0.042": ["train.replay_ratio=0.041666666666666664", "train.total_env_steps=4800"],
+    # collection costs more than learning
+    "pong-rr0.031": ["train.replay_ratio=0.03125", "train.total_env_steps=3600"],
     # no updates at all: what collection alone sustains (the ceiling of env steps/s)
     "pong-collect-only": ["train.replay_ratio=0.0", "train.total_env_steps=2400"],
 }
+PIPELINES = {
+    "sync": [],  # torch on every core, as the script runs
+    "async": [],  # one collector worker (the default); the learner on the cores the collector leaves
+    "async-2collectors": ["async_pipeline.num_collector_actors=2"],
+    "sync-1thread": [],  # sync on one torch thread: how each stage scales from 1 to 2 threads
+}
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("pipeline", ["sync", "async"])
-def test_pong_pipeline(benchmark, tmp_path, case, pipeline):
-    cfg = _pong_config(f"run_dir={tmp_path}", *PIPELINE_OVERRIDES, *CASES[case])
-    trainer = (AsyncTrainer if pipeline == "async" else SyncTrainer)(cfg)
-    if pipeline == "sync":
+def _steady_state(updates: list, batches: list, replay_ratio: float) -> dict:
+    """Rates once both stages run: from the first update to the first update after the last batch.
+
+    Leaves out start-up (worker spawn, the cold start before ``train_start_after_envsteps``) and,
+    for async, the queued budget trained after collection ended. Env steps/s is counted from the
+    updates done in that window (``updates / replay_ratio``), so queued-but-untrained batches count
+    for nothing.
+    """
+    if len(updates) < 2 or not batches or replay_ratio <= 0:
+        return {}
+    t0, last_batch = updates[0][0], batches[-1][0]
+    ends = [s for s, _, _ in updates if s >= last_batch]
+    t1 = ends[0] if ends else updates[-1][1]
+    n = sum(1 for s, _, _ in updates if t0 <= s < t1)
+    span = t1 - t0
+    return dict(steady_s=round(span, 1), steady_updates=n, steady_updates_per_s=round(n / span, 3),
+                steady_env_steps_per_s=round(n / replay_ratio / span, 2),
+                steady_learner_busy=round(sum(min(e, t1) - s for s, e, _ in updates if t0 <= s < t1) / span, 3))
+
+
+# a second collector only waits on back-pressure in the learner-bound case; the one-thread sync
+# is run where it measures something (the balanced case, collection alone)
+COMBOS = [(c, p) for c in CASES for p in PIPELINES
+          if (c, p) != ("pong-rr0.25", "async-2collectors")
+          and (p != "sync-1thread" or c in ("pong-rr0.042", "pong-collect-only"))]
+
+
+@pytest.mark.parametrize("case,pipeline", COMBOS)
+def test_pong_pipeline(benchmark, tmp_path, case, pipeline, all_cores):
+    cfg = _pong_config(f"run_dir={tmp_path}", *PIPELINE_OVERRIDES, *CASES[case], *PIPELINES[pipeline])
+    if pipeline == "sync-1thread":
+        torch.set_num_threads(1)  # the trainer keeps the count it is built with
+    sync = pipeline.startswith("sync")
+    trainer = (SyncTrainer if sync else AsyncTrainer)(cfg)
+    if sync:
         trainer._evaluate = lambda: 0.0  # evaluation off: SyncTrainer evaluates once more when the budget is reached
-    # time every update (both trainers call learner.step() once per update, in the driver)
-    steps = []  # (start, end, env_steps at start)
-    inner = trainer.learner.step
+    # time every update and every batch (both trainers call learner.step() once per update and
+    # buffer.extend() once per collected batch, in the driver)
+    steps, batches = [], []  # (start, end, env_steps at start), (time, env_steps before)
+    inner_step, inner_extend = trainer.learner.step, trainer.buffer.extend
 
-    def timed_step():
+    def timed_step(**kwargs):
         t0 = time.monotonic()
-        out = inner()
+        out = inner_step(**kwargs)
         steps.append((t0, time.monotonic(), trainer.env_steps))
         return out
 
-    trainer.learner.step = timed_step
+    def timed_extend(batch):
+        batches.append((time.monotonic(), trainer.env_steps))
+        return inner_extend(batch)
+
+    trainer.learner.step, trainer.buffer.extend = timed_step, timed_extend
     result = {}
 
     def run():
@@ -179,20 +227,19 @@ def test_pong_pipeline(benchmark, tmp_path, case, pipeline):
     assert result["status"] == "ok", result
     assert steps or cfg.train.replay_ratio == 0, "no update ran"
     wall, n = result["wall"], result["train_iter"]
-    train_span = steps[-1][1] - steps[0][0] if steps else 0.0
     start = cfg.train.train_start_after_envsteps
     info = dict(
         env_steps=result["env_steps"], wall_s=round(wall, 1),
         env_steps_per_s=round(result["env_steps"] / wall, 2),
         updates=n, updates_per_s=round(n / wall, 3),
-        # from the first update to the end of the last one (no start-up, no warm-up collection)
-        updates_per_s_training=round((len(steps) - 1) / train_span, 3) if len(steps) > 1 else 0.0,
-        env_steps_per_s_training=round((steps[-1][2] - steps[0][2]) / train_span, 2) if len(steps) > 1 else 0.0,
         realized_replay_ratio=round(n / max(result["env_steps"] - start + cfg.train.frames_per_batch, 1), 4),
         learner_busy_fraction=round(sum(e - s for s, e, _ in steps) / wall, 3),
-        learner_busy_fraction_trainer=round(result.get("learner_busy_fraction", 0.0), 3),
+        learner_threads_mean=round(result.get("learner_threads_mean", trainer.torch_threads), 2),
         policy_lag_max=result.get("policy_lag_max", 0), policy_lag_mean=round(result.get("policy_lag_mean", 0.0), 2),
+        **_steady_state(steps, batches, cfg.train.replay_ratio),
     )
+    if cfg.train.replay_ratio == 0 and len(batches) > 1:  # collection alone: from the first batch on
+        info["steady_env_steps_per_s"] = round((batches[-1][1] - batches[0][1]) / (batches[-1][0] - batches[0][0]), 2)
     benchmark.extra_info.update(info)
     print(f"\n{pipeline} {case}: {info}")
 
@@ -229,6 +276,19 @@ def test_learner_step(benchmark, batch_size):
     benchmark.extra_info.update(updates_per_s=round(1 / median, 3), samples_per_s=round(batch_size / median, 1),
                                 transitions=len(learner.buffer), torch_threads=torch.get_num_threads())
     print(f"\nLearner.step batch {batch_size}: median {median:.3f} s = {1 / median:.3f} updates/s")
+
+
+@pytest.mark.parametrize("threads", ["1", "all"])
+def test_learner_step_batch8(benchmark, threads, all_cores):
+    """``Learner.step()`` at the pipeline benchmark's batch (8) on one thread and on every core."""
+    n = 1 if threads == "1" else all_cores
+    torch.set_num_threads(n)
+    learner = _learner(8)
+    metrics = benchmark.pedantic(learner.step, rounds=10, iterations=1, warmup_rounds=2)
+    assert metrics["loss"] == metrics["loss"]
+    median = benchmark.stats.stats.median
+    benchmark.extra_info.update(updates_per_s=round(1 / median, 3), torch_threads=n)
+    print(f"\nLearner.step batch 8, {n} thread(s): median {median:.3f} s")
 
 
 @pytest.mark.parametrize("batch_size", [32, 256])
