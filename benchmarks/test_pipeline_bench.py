@@ -1,19 +1,19 @@
 """Async vs sync pipeline throughput on CartPole at the same replay ratio.
 
 Each case trains the shipped CartPole config (hydra composition of the real
-script's config) for a fixed number of env steps, evaluation off, and reports
-env steps/s over the whole run (start-up excluded), the policy lag seen in the
-data and the fraction of wall time the learner was updating (async).
+script's config) for a fixed number of env steps, evaluation off, torch on every
+core, and reports (benchmarks/pipeline_harness.py, as the Pong benchmark) env
+steps/s over the whole run (trainer construction excluded) and in the steady
+state, the policy lag seen in the data, the learner's busy fraction and threads.
 
 Run: python -m pytest benchmarks/test_pipeline_bench.py --benchmark-only
      --benchmark-columns=mean,rounds -s
 """
-import time
 from pathlib import Path
 
 import pytest
+from pipeline_harness import build_trainer, run_pipeline_benchmark
 
-from torchrl_muzero.trainers import AsyncTrainer, SyncTrainer
 from torchrl_muzero.trainers.hydra_entry import compose_config
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
@@ -40,22 +40,5 @@ def _config(run_dir, extra):
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("pipeline", ["sync", "async"])
 def test_pipeline_env_steps_per_s(benchmark, tmp_path, case, pipeline, all_cores):
-    trainer = (AsyncTrainer if pipeline == "async" else SyncTrainer)(_config(tmp_path, CASES[case]))
-    result = {}
-
-    def run():
-        t0 = time.monotonic()
-        result.update(trainer.run())
-        result["wall"] = time.monotonic() - t0
-
-    benchmark.pedantic(run, rounds=1, iterations=1)
-    assert result["status"] == "ok", result
-    rate = result["env_steps"] / result["wall"]
-    benchmark.extra_info.update(env_steps_per_s=round(rate, 1), updates=result["train_iter"],
-                                updates_per_s=round(result["train_iter"] / result["wall"], 1),
-                                policy_lag_max=result.get("policy_lag_max", 0),
-                                policy_lag_mean=round(result.get("policy_lag_mean", 0.0), 2),
-                                learner_busy_fraction=round(result.get("learner_busy_fraction", 0.0), 2),
-                                learner_threads_mean=round(result.get("learner_threads_mean", all_cores), 2),
-                                torch_threads=all_cores)
-    print(f"\n{pipeline} {case}: {rate:.1f} env steps/s, {benchmark.extra_info}")
+    info = run_pipeline_benchmark(benchmark, build_trainer(pipeline, _config(tmp_path, CASES[case])))
+    print(f"\n{pipeline} {case}: {info}")

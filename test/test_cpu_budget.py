@@ -1,7 +1,7 @@
 """The async driver's learner threads: the cores the working actors leave free."""
 from __future__ import annotations
 
-import queue
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -96,3 +96,67 @@ def test_trainers_keep_the_thread_count_they_were_started_with(tmp_path, monkeyp
     trainer.learner.step = spy
     assert trainer.run()["status"] == "ok"
     assert seen and set(seen) == {2}, f"the learner ran with {sorted(set(seen))} threads, not 2"
+
+
+def _nice_in_child(niceness, out):
+    from torchrl_muzero.trainers.cpu_budget import yield_to_learner
+
+    out.put((os.nice(0), yield_to_learner(niceness)))
+
+
+def test_yield_to_learner_lowers_only_the_actor_process():
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_nice_in_child, args=(5, out))
+    p.start()
+    before, after = out.get(timeout=60)
+    p.join(30)
+    assert after == min(before + 5, 19)
+    assert os.nice(0) == os.nice(0)  # this (driver) process is untouched
+    with pytest.raises(ValueError, match="actor_niceness must be >= 0"):
+        from torchrl_muzero.trainers.cpu_budget import yield_to_learner
+
+        yield_to_learner(-1)
+
+
+def _nice_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads nice values from /proc (Linux)")
+def test_async_actors_run_nicer_than_the_driver(tmp_path):
+    import threading
+    import time
+
+    from pipeline_utils import tiny_config
+
+    driver_nice = os.nice(0)
+    cfg = tiny_config(tmp_path, **{"train.total_env_steps": 10**6, "async_pipeline.actor_niceness": 7,
+                                   "eval.interval": 5})
+    trainer = AsyncTrainer(cfg)
+    seen = {}
+
+    def watch():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not seen.get("done"):
+            collector, evaluators = getattr(trainer, "collector", None), getattr(trainer, "evaluators", None)
+            # an evaluation came back: the evaluator process is past its start-up
+            if collector is not None and evaluators is not None and trainer.best_return > float("-inf"):
+                try:
+                    seen["collector"] = _nice_of(collector.procs[0].pid)
+                    seen["evaluator"] = _nice_of(evaluators.procs[0].pid)
+                except (OSError, AttributeError, IndexError):
+                    pass
+                trainer.cfg.train.total_env_steps = 0  # stop the run
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=watch, daemon=True).start()
+    assert trainer.run()["status"] == "ok"
+    seen["done"] = True
+    assert seen.get("collector") == min(driver_nice + 7, 19), seen
+    assert seen.get("evaluator") == min(driver_nice + 7, 19), seen
+    assert os.nice(0) == driver_nice

@@ -36,7 +36,7 @@ from torchrl_muzero.mcts import MCTSPolicy
 from torchrl_muzero.trainers.base import TrainerBase, TrainingStopped
 from torchrl_muzero.trainers.builders import build_model, mcts_config, temperature_at
 from torchrl_muzero.trainers.config import config_to_dict, load_config
-from torchrl_muzero.trainers.cpu_budget import LearnerThreads
+from torchrl_muzero.trainers.cpu_budget import LearnerThreads, yield_to_learner
 from torchrl_muzero.trainers.evaluator import EvaluatorPool, WorkerDied
 from torchrl_muzero.trainers.sync import episode_returns
 from torchrl_muzero.trainers.torchrl_guards import (
@@ -127,6 +127,7 @@ def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, act
                         device: str = "cpu"):
     """Runs in each collector worker (``policy_factory``): a fresh model the scheme fills with weights."""
     cfg = load_config(cfg_dict)
+    yield_to_learner(cfg.async_pipeline.actor_niceness)
     torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
     model = build_model(cfg, observation_shape, num_actions).to(device).eval()
     policy = MCTSPolicy(model, mcts_config(cfg), action_spec)

@@ -136,6 +136,9 @@ class AsyncPipelineConfig:
     # torch threads of the driver's learner; 0: the cores the working collectors / evaluators
     # leave free, re-decided before every update (see trainers/cpu_budget.py)
     learner_num_threads: int = 0
+    # collector / evaluator processes run this much nicer than the driver, so that on a machine
+    # with fewer cores than busy threads the learner keeps its cores (0: same priority)
+    actor_niceness: int = 19
     collector_num_gpus: float = 0.0
     evaluator_num_gpus: float = 0.0
     buffer_stats_interval: int = 100

@@ -12,9 +12,32 @@ update from what the actors are doing at that moment.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
-__all__ = ["LearnerThreads"]
+__all__ = ["LearnerThreads", "yield_to_learner"]
+
+
+def yield_to_learner(niceness: int) -> int:
+    """Lower this actor process's CPU priority by ``niceness``; return the new nice value.
+
+    Called first thing in collector and evaluator processes: when the machine
+    has fewer cores than busy threads, the kernel then gives the learner its
+    cores and the actors the rest, instead of slowing the learner down by a
+    third with two collectors on two cores (docs/performance.md). On Linux a
+    nice value is per thread and inherited by threads started afterwards, so
+    this must run before the process starts its worker threads. ``0`` (or a
+    platform without ``os.nice``) leaves the priority as it is.
+    """
+    if niceness < 0:
+        raise ValueError(f"async_pipeline.actor_niceness must be >= 0, got {niceness}.")
+    if niceness == 0 or not hasattr(os, "nice"):
+        return os.nice(0) if hasattr(os, "nice") else 0
+    try:
+        return os.nice(niceness)
+    except OSError:  # not permitted here: run at the same priority
+        return os.nice(0)
 
 
 class LearnerThreads:

@@ -14,6 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from torchrl_muzero.trainers.base import TrainingStopped
+from torchrl_muzero.trainers.cpu_budget import yield_to_learner
 
 __all__ = ["EvalResult", "EvaluatorPool", "WorkerDied"]
 
@@ -41,6 +42,7 @@ class EvalResult:
 
 
 def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results, parent_pid, index):
+    yield_to_learner(int(cfg_dict["async_pipeline"]["actor_niceness"]))
     num_threads = max(1, int(cfg_dict["async_pipeline"]["evaluator_num_cpus"]))
     torch.set_num_threads(num_threads)
     device = "cuda" if cfg_dict["async_pipeline"]["evaluator_num_gpus"] > 0 else "cpu"
