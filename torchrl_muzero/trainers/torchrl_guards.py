@@ -389,7 +389,10 @@ class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
       waits for every targeted worker at most ``timeout_s`` seconds, notices
       dead workers, and raises :class:`WeightPublishError` naming the worker
       that failed or did not answer. A worker that failed to apply an update
-      keeps its previous weights and accepts later updates.
+      keeps its previous weights and accepts later updates. With
+      ``publish_weights(..., wait=False)`` it returns once the weights are
+      queued and :meth:`wait_applied` does that wait later (the next publish
+      does it first).
     * With ``track_policy_version=True`` each worker's ``PolicyVersion``
       transform is set to the publish number.
 
