@@ -150,9 +150,9 @@ def test_async_actors_run_nicer_than_the_driver(tmp_path):
                     seen["evaluator"] = _nice_of(evaluators.procs[0].pid)
                 except (OSError, AttributeError, IndexError):
                     pass
-                trainer.cfg.train.total_env_steps = 0  # stop the run
-                return
+                break
             time.sleep(0.1)
+        trainer.cfg.train.total_env_steps = 0  # stop the run (also if no evaluation came back in time)
 
     threading.Thread(target=watch, daemon=True).start()
     assert trainer.run()["status"] == "ok"
