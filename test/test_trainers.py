@@ -176,7 +176,8 @@ def test_dead_worker_stops_the_run_within_10s(tmp_path, victim):
     assert not _wait_no_descendants()
 
 
-def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path, sig):
     marker = uuid.uuid4().hex
     env = {**os.environ, "TORCHRL_MUZERO_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, str(REPO / "sota-implementations/muzero/muzero_async.py"),
@@ -190,13 +191,13 @@ def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
         while time.monotonic() < deadline and not list((tmp_path / "logs").rglob("train_iter.csv")):
             time.sleep(0.5)
         assert proc.poll() is None, proc.stdout.read()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out
-    assert "interrupted" in out
+    assert ("interrupted" if sig == signal.SIGINT else "terminated (SIGTERM)") in out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     state = load_checkpoint(tmp_path / "ckpt" / "last.pt")

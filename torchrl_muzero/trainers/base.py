@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +27,14 @@ __all__ = ["TrainerBase", "TrainingStopped"]
 
 class TrainingStopped(RuntimeError):
     """The run ended on a fault (dead worker, NaN loss, ...): the message says which."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM (a scheduler, ``kill``, ``timeout``) arrived: stop like Ctrl-C does."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
 
 
 class TrainerBase:
@@ -166,17 +176,26 @@ class TrainerBase:
     def run(self) -> dict:
         """Train until a stop rule fires; return a summary dict.
 
-        Ctrl-C stops cleanly with a final checkpoint; a NaN loss stops
+        Ctrl-C or SIGTERM stops cleanly with a final checkpoint; a NaN loss stops
         without overwriting the last good checkpoint; a dead worker stops
         the run within seconds. Every process is shut down in all cases.
         """
         status = "ok"
+        # SIGTERM ends the run as cleanly as Ctrl-C (final checkpoint, every process stopped);
+        # signal handlers can only be set from the main thread
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             self._loop()
         except KeyboardInterrupt:
             status = "interrupted"
             self.stop_reason = "interrupted by Ctrl-C"
             print("\ntorchrl_muzero: interrupted, writing a final checkpoint ...")
+        except _Terminated:
+            status = "interrupted"
+            self.stop_reason = "terminated by SIGTERM"
+            print("\ntorchrl_muzero: terminated (SIGTERM), writing a final checkpoint ...")
         except NonFiniteLossError as err:
             status = "nan"
             self.stop_reason = str(err)
@@ -184,7 +203,11 @@ class TrainerBase:
             status = "fault"
             self.stop_reason = str(err)
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                if previous is not None:
+                    signal.signal(signal.SIGTERM, previous)
         if status in ("ok", "interrupted"):
             self.save()
         self.metrics.close()
