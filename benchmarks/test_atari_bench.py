@@ -42,15 +42,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
 from pipeline_harness import build_trainer, run_pipeline_benchmark
 from tensordict import TensorDict
 
 from torchrl_muzero.data import GameBuffer
-from torchrl_muzero.trainers import load_config
 from torchrl_muzero.trainers.builders import build_buffer, build_model
-from torchrl_muzero.trainers.config import TrainConfig
+from torchrl_muzero.trainers.hydra_entry import compose_config
 from torchrl_muzero.trainers.learner import Learner
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
@@ -60,10 +57,7 @@ FRAME_BYTES = SIDE * SIDE  # one uint8 96x96 frame: 9,216 bytes
 
 def _pong_config(*overrides):
     """The shipped ``env=Pong`` config (hydra composition of the real script's), with overrides."""
-    ConfigStore.instance().store(name="base_config", node=TrainConfig)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose(config_name="config", overrides=["env=Pong", *overrides])
-    return load_config(cfg)
+    return compose_config(CONFIG_DIR, ["env=Pong", *overrides])
 
 
 # ---------------------------------------------------------------------------- synthetic Pong-like data

@@ -309,15 +309,9 @@ def test_game_buffer_rebuilds_the_catframes_stacks_of_a_collector_rollout():
 
 # ------------------------------------------------------------------------------------------ configs
 def _compose(*overrides):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.config_store import ConfigStore
+    from torchrl_muzero.trainers.hydra_entry import compose_config  # what the scripts' config gives
 
-    from torchrl_muzero.trainers import load_config
-    from torchrl_muzero.trainers.config import TrainConfig
-
-    ConfigStore.instance().store(name="base_config", node=TrainConfig)  # as the scripts do
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
+    return compose_config(CONFIG_DIR, overrides)
 
 
 def test_hydra_pong_config_is_a_valid_atari_train_config():
