@@ -87,17 +87,22 @@ def test_corrupt_checkpoint_is_named(tmp_path):
         SyncTrainer(tiny_config(tmp_path, resume=str(tmp_path)))
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    trainer = SyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 4096}))
-    real_step = trainer.learner.loss_module.forward
+def _poison_loss(trainer, monkeypatch, key: str, factor: float, from_iter: int) -> None:
+    """From train step ``from_iter`` on, multiply the loss term ``key`` by ``factor`` (nan / inf)."""
+    real_forward = trainer.learner.loss_module.forward
 
     def poisoned(td):
-        out = real_step(td)
-        if trainer.learner.train_iter >= 25:
-            out["loss_value"] = out["loss_value"] * float("nan")
+        out = real_forward(td)
+        if trainer.learner.train_iter >= from_iter:
+            out[key] = out[key] * factor
         return out
 
     monkeypatch.setattr(trainer.learner.loss_module, "forward", poisoned)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    trainer = SyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 4096}))
+    _poison_loss(trainer, monkeypatch, "loss_value", float("nan"), from_iter=25)
     summary = trainer.run()
     assert summary["status"] == "nan"
     assert "non-finite" in summary["reason"] and "train step 25" in summary["reason"]
@@ -210,6 +215,8 @@ def test_async_knobs_with_no_meaning_here_fail_at_start(tmp_path):
     with pytest.raises(ValueError, match="max_collect_inflight=1: each collector worker"):
         AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.num_collector_actors": 2,
                                               "async_pipeline.max_collect_inflight": 1})).run()
+    with pytest.raises(ValueError, match="actor_niceness must be >= 0, got -1"):
+        AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.actor_niceness": -1})).run()
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="collector_num_gpus=0.5 asks for GPU actors"):
             AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.collector_num_gpus": 0.5})).run()
@@ -218,15 +225,7 @@ def test_async_knobs_with_no_meaning_here_fail_at_start(tmp_path):
 
 def test_async_nan_loss_stops_cleanly_without_leftover_processes(tmp_path, monkeypatch):
     trainer = AsyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 10**6}))
-    real_forward = trainer.learner.loss_module.forward
-
-    def poisoned(td):
-        out = real_forward(td)
-        if trainer.learner.train_iter >= 12:
-            out["loss_reward"] = out["loss_reward"] * float("inf")
-        return out
-
-    monkeypatch.setattr(trainer.learner.loss_module, "forward", poisoned)
+    _poison_loss(trainer, monkeypatch, "loss_reward", float("inf"), from_iter=12)
     summary = trainer.run()
     assert summary["status"] == "nan" and "train step 12" in summary["reason"]
     assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["counters"]["train_iter"] == 10

@@ -21,6 +21,7 @@ Event loop of the driver::
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -134,6 +135,15 @@ def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, act
     return LockedPolicy(_ControlledPolicy(policy, control), weights_module=model)
 
 
+@contextlib.contextmanager
+def _publish_failures_are_worker_faults():
+    """A publish that failed or timed out stops the run, naming the worker (WorkerDied)."""
+    try:
+        yield
+    except WeightPublishError as err:
+        raise WorkerDied(f"weight publishing to the collector workers failed: {err}") from err
+
+
 def _make_worker_env(env_cfg, seed: int):
     return make_env(env_cfg, seed=seed)
 
@@ -167,6 +177,8 @@ class AsyncTrainer(TrainerBase):
             )
         if ap.num_collector_actors < 1:
             raise ValueError(f"async_pipeline.num_collector_actors must be >= 1, got {ap.num_collector_actors}.")
+        if ap.actor_niceness < 0:  # checked here: in a worker it would only surface as a failed start
+            raise ValueError(f"async_pipeline.actor_niceness must be >= 0, got {ap.actor_niceness}.")
         for knob in ("collector_num_gpus", "evaluator_num_gpus"):
             if getattr(ap, knob) > 0 and not torch.cuda.is_available():
                 raise ValueError(f"async_pipeline.{knob}={getattr(ap, knob)} asks for GPU actors, "
@@ -238,7 +250,7 @@ class AsyncTrainer(TrainerBase):
             if self.stop_reason is not None:
                 break
             # 2. a chunk of training
-            self._train(min(ap.max_train_chunk_steps, int(math.floor(sum(budgets) + 1e-9))), budgets)
+            self._train(min(ap.max_train_chunk_steps, self._owed_updates(budgets)), budgets)
             # 3. evaluations
             if self.evaluators is not None:
                 for result in self.evaluators.poll():
@@ -248,7 +260,7 @@ class AsyncTrainer(TrainerBase):
             self.metrics.progress(self.env_steps, self.learner.train_iter, lag=self._mean_lag())
         if self.env_steps >= cfg.train.total_env_steps:
             # as in sync, every collected batch gets its updates: train the budget still queued
-            self._train(int(math.floor(sum(budgets) + 1e-9)), budgets)
+            self._train(self._owed_updates(budgets), budgets)
         # final evaluation of the last weights, waited for (bounded)
         if self.evaluators is not None and self.learner.train_iter and "stop_return" not in (self.stop_reason or ""):
             self._final_eval()
@@ -285,10 +297,13 @@ class AsyncTrainer(TrainerBase):
 
     def _await_publish(self) -> None:
         """Before the weights change: every worker runs the last published weights (the lag bound)."""
-        try:
+        with _publish_failures_are_worker_faults():
             self.scheme.wait_applied(self.cfg.async_pipeline.shutdown_timeout_s)
-        except WeightPublishError as err:
-            raise WorkerDied(f"weight publishing to the collector workers failed: {err}") from err
+
+    @staticmethod
+    def _owed_updates(budgets: deque) -> int:
+        """Whole updates the queued budgets pay for (float sums of frames * replay_ratio)."""
+        return int(math.floor(sum(budgets) + 1e-9))
 
     @staticmethod
     def _spend(budgets: deque, amount: float) -> None:
@@ -332,11 +347,9 @@ class AsyncTrainer(TrainerBase):
         forced = before_step and ap.max_policy_lag > 0 and gap + 1 > ap.max_policy_lag
         due = not before_step and gap >= ap.weight_sync_interval
         if gap > 0 and (forced or due):
-            try:
+            with _publish_failures_are_worker_faults():
                 publish_weights(self.collector, self.learner.model, timeout_s=ap.shutdown_timeout_s,
                                 train_iter=self.learner.train_iter, version_map=self.versions, wait=False)
-            except WeightPublishError as err:
-                raise WorkerDied(f"weight publishing to the collector workers failed: {err}") from err
             self.published_iter = self.learner.train_iter
 
     def _submit_eval(self) -> bool:

@@ -100,13 +100,13 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 
 __all__ = [
     "GuardedWeightSyncScheme",
-    "reclaim_torch_threads",
     "LockedPolicy",
     "PolicyVersionMap",
     "WeightPublishError",
     "asyncenvpool_is_fixed",
     "find_locked_policy",
     "publish_weights",
+    "reclaim_torch_threads",
     "snapshot_weights",
 ]
 
