@@ -14,6 +14,7 @@ import torch
 
 from pipeline_utils import live_descendants, processes_with_marker, tiny_config
 from torchrl_muzero.trainers import AsyncTrainer, ConfigError, SyncTrainer, load_config
+from torchrl_muzero.trainers.async_pipeline import publish_due
 from torchrl_muzero.trainers.checkpoint import CheckpointError, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ def test_sync_run_checkpoints_and_resumes(tmp_path):
 def test_corrupt_checkpoint_is_named(tmp_path):
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "last.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="last.pt.*corrupt"):
+    with pytest.raises(ConfigError, match="'resume': checkpoint .*last.pt.*corrupt"):
         SyncTrainer(tiny_config(tmp_path, resume=str(tmp_path)))
 
 
@@ -119,7 +120,29 @@ class _LagRecorder(AsyncTrainer):
         super()._take_batch(batch, budgets)
 
 
-@pytest.mark.parametrize("interval,max_lag", [(3, 4), (8, 2)])
+# (current version, last published, weight_sync_interval, max_policy_lag) -> publish now?
+PUBLISH_CASES = [
+    ((0, 0, 1, 0), False),    # nothing new to publish
+    ((1, 0, 1, 0), True),     # the seed's defaults: every update
+    ((5, 4, 10, 0), True),    # lag 0 tolerated: the learner moved, publish whatever the interval
+    ((5, 4, 10, -1), False),  # no lag bound: the interval alone decides
+    ((13, 4, 10, -1), False),
+    ((14, 4, 10, -1), True),
+    ((6, 4, 10, 3), False),   # the next update would make the lag 3: still allowed
+    ((7, 4, 10, 3), True),    # the next update would make it 4 > 3: publish now
+    ((9, 4, 5, 8), True),     # the interval comes first
+    ((8, 4, 5, 8), False),
+    ((4, 4, 1, -1), False),
+    ((12, 10, 1, -1), True),
+]
+
+
+@pytest.mark.parametrize("args,expected", PUBLISH_CASES, ids=[str(c[0]) for c in PUBLISH_CASES])
+def test_publish_decision(args, expected):
+    assert publish_due(*args) is expected
+
+
+@pytest.mark.parametrize("interval,max_lag", [(3, -1), (8, 2), (4, 0)])
 def test_async_policy_lag_is_bounded(tmp_path, interval, max_lag):
     cfg = tiny_config(tmp_path, **{"train.total_env_steps": 1024, "train.replay_ratio": 1.0,
                                    "async_pipeline.weight_sync_interval": interval,
@@ -129,7 +152,8 @@ def test_async_policy_lag_is_bounded(tmp_path, interval, max_lag):
     trainer = _LagRecorder(cfg)
     summary = trainer.run()
     assert summary["status"] == "ok", summary
-    bound = min(interval, max_lag)
+    # max_policy_lag=0 still shows 1: frames searched while the publish of the update just made travels
+    bound = interval if max_lag < 0 else min(interval, max(max_lag, 1))
     assert max(trainer.seen_lags) <= bound
     assert max(trainer.seen_lags) >= 1, "the learner never ran ahead: the test would not see a violation"
     # as in sync, every batch collected once training may start gets its updates (budget drained at
@@ -141,7 +165,8 @@ def test_async_policy_lag_is_bounded(tmp_path, interval, max_lag):
 
 
 def test_async_evaluates_versions_and_saves_exact_checkpoints(tmp_path):
-    cfg = tiny_config(tmp_path, **{"train.total_env_steps": 768, "async_pipeline.eval_at_start": True})
+    cfg = tiny_config(tmp_path, **{"train.total_env_steps": 768, "async_pipeline.eval_at_start": True,
+                                   "train.keep_eval_checkpoints": 1000})  # keep every evaluated version
     summary = AsyncTrainer(cfg).run()
     assert summary["status"] == "ok", summary
     rows = (tmp_path / "eval.csv").read_text().strip().splitlines()[1:]
@@ -181,45 +206,105 @@ def test_dead_worker_stops_the_run_within_10s(tmp_path, victim):
     assert not _wait_no_descendants()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path, sig):
+def _spawned_workers(marker: str) -> list[int]:
+    """The script's multiprocessing children (collector workers here: no evaluator is started)."""
+    out = []
+    for pid in processes_with_marker(marker):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            out.append(pid)
+    return out
+
+
+# how the run is stopped -> (exit status, summary status, what the output says)
+STOPS = {
+    "ctrl-c": (130, "interrupted", "interrupted"),
+    "sigterm": (143, "terminated", "terminated (SIGTERM)"),
+    "dead-worker": (1, "fault", "died"),
+}
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_script_stops_cleanly_with_the_conventional_exit_status(tmp_path, stop):
     marker = uuid.uuid4().hex
     env = {**os.environ, "TORCHRL_MUZERO_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, str(REPO / "sota-implementations/muzero/muzero_async.py"),
            f"run_dir={tmp_path}", "env.num_envs=4", "model.latent_dim=16", "model.hidden_dim=16",
            "mcts.num_simulations=4", "optim.batch_size=32", "train.total_env_steps=1000000",
            "train.train_start_after_envsteps=128", "train.frames_per_batch=64", "logger.progress_bar=false",
-           "eval.num_episodes=2"]
+           "eval.num_episodes=2", "async_pipeline.num_evaluator_actors=0", "train.checkpoint_interval=10"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not list((tmp_path / "logs").rglob("train_iter.csv")):
+        while time.monotonic() < deadline and not (tmp_path / "ckpt" / "last.pt").exists():
             time.sleep(0.5)
         assert proc.poll() is None, proc.stdout.read()
-        proc.send_signal(sig)
+        if stop == "dead-worker":
+            workers = _spawned_workers(marker)
+            assert workers, "no collector worker found"
+            os.kill(workers[0], signal.SIGKILL)
+        else:
+            proc.send_signal(signal.SIGINT if stop == "ctrl-c" else signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, out
-    assert ("interrupted" if sig == signal.SIGINT else "terminated (SIGTERM)") in out
+    code, status, text = STOPS[stop]
+    assert proc.returncode == code, out
+    assert text in out
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "interrupted"
+    assert summary["status"] == status and summary["exit_code"] == code
     state = load_checkpoint(tmp_path / "ckpt" / "last.pt")
-    assert state["counters"]["train_iter"] == summary["train_iter"] > 0
+    if stop == "dead-worker":  # the last periodic checkpoint stays
+        assert 0 < state["counters"]["train_iter"] <= summary["train_iter"]
+    else:  # a final checkpoint
+        assert state["counters"]["train_iter"] == summary["train_iter"] > 0
     time.sleep(1.0)
     assert processes_with_marker(marker) == []
 
 
+def test_faults_exit_non_zero(tmp_path, monkeypatch):
+    """A NaN loss and a failed publish: the script's entry point exits 1, summary.json says why."""
+    from torchrl_muzero.trainers import async_pipeline
+    from torchrl_muzero.trainers.hydra_entry import run_from_hydra
+    from torchrl_muzero.trainers.torchrl_guards import WeightPublishError
+
+    class PoisonedSync(SyncTrainer):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            _poison_loss(self, monkeypatch, "loss_value", float("nan"), from_iter=5)
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_from_hydra(load_config(tiny_config(tmp_path / "nan")), PoisonedSync)
+    assert exit_info.value.code == 1
+    assert json.loads((tmp_path / "nan" / "summary.json").read_text())["status"] == "nan"
+
+    def failing_publish(*args, **kwargs):
+        raise WeightPublishError("worker 0 did not apply weights version 3 within 1.0 s")
+
+    monkeypatch.setattr(async_pipeline, "publish_weights", failing_publish)
+    cfg = tiny_config(tmp_path / "publish", **{"async_pipeline.num_evaluator_actors": 0})
+    with pytest.raises(SystemExit) as exit_info:
+        run_from_hydra(load_config(cfg), AsyncTrainer)
+    assert exit_info.value.code == 1
+    summary = json.loads((tmp_path / "publish" / "summary.json").read_text())
+    assert summary["status"] == "fault" and "did not apply weights version 3" in summary["reason"]
+    assert not _wait_no_descendants()
+
+
 def test_async_knobs_with_no_meaning_here_fail_at_start(tmp_path):
-    with pytest.raises(ValueError, match="max_collect_inflight=1: each collector worker"):
+    with pytest.raises(ConfigError, match=r"'async_pipeline.max_collect_inflight' must be 0 or num_collector_actors"):
         AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.num_collector_actors": 2,
-                                              "async_pipeline.max_collect_inflight": 1})).run()
-    with pytest.raises(ValueError, match="actor_niceness must be >= 0, got -1"):
-        AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.actor_niceness": -1})).run()
+                                              "async_pipeline.max_collect_inflight": 1}))
+    with pytest.raises(ConfigError, match=r"'async_pipeline.actor_niceness' must be in \[0, 19\], got -1"):
+        AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.actor_niceness": -1}))
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="collector_num_gpus=0.5 asks for GPU actors"):
-            AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.collector_num_gpus": 0.5})).run()
+        with pytest.raises(ConfigError, match="'async_pipeline.collector_num_gpus' is 0.5: GPU actors"):
+            AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.collector_num_gpus": 0.5}))
+    assert not list(tmp_path.iterdir()), "a rejected start wrote into the run folder"
     assert not _wait_no_descendants()
 
 
@@ -242,4 +327,27 @@ def test_async_resume_continues_counters_and_buffer(tmp_path):
     second = resumed.run()
     assert second["status"] == "ok" and second["train_iter"] > first["train_iter"]
     assert second["env_steps"] >= 1024
+    assert not _wait_no_descendants()
+
+
+@pytest.mark.parametrize("trainer_cls", [SyncTrainer, AsyncTrainer])
+def test_evaluated_checkpoints_stay_bounded_and_best_matches_the_log(tmp_path, trainer_cls):
+    cfg = tiny_config(tmp_path, **{"train.total_env_steps": 1024, "eval.interval": 4,
+                                   "train.keep_eval_checkpoints": 3})
+    summary = trainer_cls(cfg).run()
+    assert summary["status"] == "ok", summary
+    rows = [line.split(",") for line in (tmp_path / "eval.csv").read_text().strip().splitlines()[1:]]
+    versions = [int(r[3]) for r in rows]
+    scores = [float(r[4]) for r in rows]
+    assert len(versions) > 5, "too few evaluations to see the bound"
+    best = versions[scores.index(max(scores))]  # the first version that reached the best score
+    kept = {int(p.stem[len("model_v"):]) for p in (tmp_path / "ckpt").glob("model_v*.pt")}
+    assert kept == set(versions[-3:]) | {best}
+    best_state = load_checkpoint(tmp_path / "ckpt" / "best.pt")
+    assert best_state["counters"]["policy_version"] == best
+    assert math.isclose(best_state["counters"]["mean_return"], max(scores), abs_tol=1e-3)
+    assert summary["best_return"] == pytest.approx(max(scores), abs=1e-3) and summary["best_version"] == best
+    best_file = load_checkpoint(tmp_path / "ckpt" / f"model_v{best}.pt")
+    for k, v in best_state["model"].items():
+        assert torch.equal(v, best_file["model"][k])
     assert not _wait_no_descendants()

@@ -2,19 +2,27 @@
 
     python sota-implementations/muzero/muzero_sync.py            # CartPole-v1
     python sota-implementations/muzero/muzero_sync.py env=Pong
+
+Exit status: 0 when the run ended as configured, 2 for a rejected start (one ``error:`` line on
+stderr), 1 for a fault (dead worker, NaN loss), 130 / 143 after Ctrl-C / SIGTERM.
 """
+from pathlib import Path
+
 import hydra
 
-from torchrl_muzero.trainers import SyncTrainer
-from torchrl_muzero.trainers.hydra_entry import register_base_config, run_from_hydra
+from torchrl_muzero.trainers.hydra_entry import preflight, register_base_config, run_from_hydra
 
 register_base_config()
 
 
 @hydra.main(config_path="config", config_name="config", version_base=None)
 def main(cfg) -> None:
+    from torchrl_muzero.trainers import SyncTrainer  # torch and torchrl load here
+
     run_from_hydra(cfg, SyncTrainer)
 
 
 if __name__ == "__main__":
+    # a bad key or value: one line and exit 2 within a second, before hydra (and torch) start
+    preflight(Path(__file__).parent / "config")
     main()

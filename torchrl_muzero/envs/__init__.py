@@ -1,3 +1,15 @@
-from torchrl_muzero.envs.factory import check_env_id, env_spaces, make_env
+"""Environment factories (imported on first use: checking an env id needs no torchrl)."""
+import importlib
 
-__all__ = ["make_env", "check_env_id", "env_spaces"]
+_WHERE = {
+    "make_env": "factory", "env_spaces": "factory",
+    "check_env_id": "env_ids", "is_board_game": "env_ids", "BOARD_GAMES": "env_ids",
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

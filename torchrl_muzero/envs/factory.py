@@ -5,26 +5,9 @@ import functools
 
 from torchrl.envs import EnvBase, GymEnv, RewardSum, SerialEnv, StepCounter, TransformedEnv
 
-__all__ = ["make_env", "check_env_id", "env_spaces"]
+__all__ = ["make_env", "check_env_id", "env_spaces", "is_board_game", "BOARD_GAMES"]
 
-
-def check_env_id(env_id: str) -> None:
-    """Raise a ``ValueError`` naming ``env_id`` if gymnasium does not know it."""
-    import gymnasium as gym
-
-    if env_id.startswith("ALE/"):
-        try:
-            import ale_py
-
-            gym.register_envs(ale_py)
-        except ImportError as err:
-            raise ValueError(
-                f"env id {env_id!r} needs ale-py: pip install 'torchrl_muzero[atari]'."
-            ) from err
-    if env_id not in gym.registry:
-        close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower()[:4])][:5]
-        hint = f" Similar ids: {', '.join(close)}." if close else ""
-        raise ValueError(f"unknown env id {env_id!r}: gymnasium has no such environment.{hint}")
+from torchrl_muzero.envs.env_ids import BOARD_GAMES, check_env_id, is_board_game  # noqa: F401 (re-exported)
 
 
 def _make_gym(env_id: str, max_episode_steps: int) -> EnvBase:
@@ -52,6 +35,14 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
     n = env_cfg.num_envs if num_envs is None else num_envs
     if n < 1:
         raise ValueError(f"num_envs must be >= 1, got {n}.")
+    if env_cfg.kind == "board":
+        if env_cfg.id not in BOARD_GAMES:
+            raise ValueError(f"env.kind='board' knows env.id in {BOARD_GAMES}, got {env_cfg.id!r}.")
+        from torchrl_muzero.envs.tictactoe import TicTacToeEnv
+
+        env = TransformedEnv(TicTacToeEnv(n), RewardSum())  # episode_reward: 1 won, 0 drawn
+        env.set_seed(seed)
+        return env
     check_env_id(env_cfg.id)
     if env_cfg.kind == "atari":
         from torchrl_muzero.envs.atari import make_atari_env
@@ -61,7 +52,7 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
         env = SerialEnv(n, functools.partial(_make_gym, env_cfg.id, env_cfg.max_episode_steps))
         env = TransformedEnv(env, RewardSum())
     else:
-        raise ValueError(f"env.kind must be 'gym' or 'atari', got {env_cfg.kind!r}.")
+        raise ValueError(f"env.kind must be 'gym', 'atari' or 'board', got {env_cfg.kind!r}.")
     env.set_seed(seed)
     return env
 

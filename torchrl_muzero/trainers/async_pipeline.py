@@ -1,7 +1,7 @@
 """The asynchronous pipeline: collection and evaluation overlap learning.
 
 Same training semantics as :class:`~torchrl_muzero.trainers.SyncTrainer`
-(LightZero's async segment pipeline, see DESIGN.md): the driver process owns
+(LightZero's async segment pipeline, see docs/architecture.md): the driver process owns
 the buffer, the learner and every priority update; collector workers
 (torchrl ``MultiAsyncCollector``, one ``MCTSPolicy`` each) and evaluator
 processes only receive immutable weight snapshots and return data.
@@ -12,10 +12,11 @@ Event loop of the driver::
       -> buffer.extend, one train budget (frames * replay_ratio) per batch
     train a chunk of at most max_train_chunk_steps updates
       -> each update on the cores the working actors leave free (cpu_budget.py)
-      -> publish weights when train_iter advanced by weight_sync_interval,
-         or before a collector's lag would exceed max_policy_lag; the
-         workers' acknowledgment is awaited just before the next optimizer
-         step, so the wait overlaps that update's sampling and backward pass
+      -> after each update, publish weights when train_iter advanced by
+         weight_sync_interval, or when the next update would put the
+         collectors past max_policy_lag (publish_due); the workers'
+         acknowledgment is awaited just before the next optimizer step, so
+         the wait overlaps that update's sampling and backward pass
     take evaluation results -> checkpoint of exactly the evaluated version
     hand the newest snapshot to an idle evaluator
 """
@@ -49,7 +50,7 @@ from torchrl_muzero.trainers.torchrl_guards import (
     reclaim_torch_threads,
 )
 
-__all__ = ["AsyncTrainer"]
+__all__ = ["AsyncTrainer", "publish_due"]
 
 # index of the driver-written values in the shared control tensor read by workers
 _LEARNER_ITER, _TEMPERATURE = 0, 1
@@ -144,6 +145,35 @@ def _publish_failures_are_worker_faults():
         raise WorkerDied(f"weight publishing to the collector workers failed: {err}") from err
 
 
+def publish_due(train_iter: int, published_iter: int, weight_sync_interval: int, max_policy_lag: int) -> bool:
+    """Whether the driver publishes the learner's weights now (checked after every update).
+
+    The seed's two knobs: ``weight_sync_interval`` is the train_iter gap at
+    which a snapshot is published; ``max_policy_lag`` the lag collectors may
+    have, and reaching it forces a publish before the gap reaches the
+    interval, so that the next update does not put the collectors past it:
+    ``0`` publishes whenever the learner moved (no lag tolerated), ``-1``
+    turns the bound off (the interval alone decides), ``N`` keeps the
+    collectors at most ``N`` updates behind. The data can still show a lag of
+    1 with ``max_policy_lag=0``: frames searched while the publish of the
+    update just made travels to the workers (collection never waits for the
+    learner).
+
+    Examples:
+        >>> from torchrl_muzero.trainers.async_pipeline import publish_due
+        >>> publish_due(5, 4, weight_sync_interval=10, max_policy_lag=0)
+        True
+        >>> publish_due(5, 4, weight_sync_interval=10, max_policy_lag=-1), publish_due(14, 4, 10, -1)
+        (False, True)
+        >>> publish_due(6, 4, 10, 3), publish_due(7, 4, 10, 3)
+        (False, True)
+    """
+    gap = train_iter - published_iter
+    if gap <= 0:
+        return False
+    return gap >= weight_sync_interval or 0 <= max_policy_lag <= gap
+
+
 def _make_worker_env(env_cfg, seed: int):
     return make_env(env_cfg, seed=seed)
 
@@ -158,7 +188,10 @@ class AsyncTrainer(TrainerBase):
     and ``max_policy_lag`` for publishing, ``max_train_budget_queue_size``
     for backpressure (inactive during the cold start), ``eval_at_start``,
     ``poll_interval_s`` and ``shutdown_timeout_s``. Policy lag per frame is
-    logged and bounded by ``max(weight_sync_interval, max_policy_lag)``.
+    logged; it is at most ``min(weight_sync_interval, max(max_policy_lag, 1))``
+    (``weight_sync_interval`` with ``max_policy_lag=-1``): the update in
+    flight while a publish travels is the 1 that even ``max_policy_lag=0``
+    shows (see :func:`publish_due`).
 
     Examples:
         >>> from torchrl_muzero.trainers import AsyncTrainer
@@ -168,21 +201,7 @@ class AsyncTrainer(TrainerBase):
 
     def _loop(self) -> None:
         cfg, ap = self.cfg, self.cfg.async_pipeline
-        if ap.max_collect_inflight not in (0, ap.num_collector_actors):
-            # torchrl's MultiAsyncCollector keeps exactly one collect in flight per worker
-            raise ValueError(
-                f"async_pipeline.max_collect_inflight={ap.max_collect_inflight}: each collector worker has "
-                f"exactly one collect in flight, so it must equal num_collector_actors "
-                f"({ap.num_collector_actors}) or be 0; use fewer collector actors to collect less at once."
-            )
-        if ap.num_collector_actors < 1:
-            raise ValueError(f"async_pipeline.num_collector_actors must be >= 1, got {ap.num_collector_actors}.")
-        if ap.actor_niceness < 0:  # checked here: in a worker it would only surface as a failed start
-            raise ValueError(f"async_pipeline.actor_niceness must be >= 0, got {ap.actor_niceness}.")
-        for knob in ("collector_num_gpus", "evaluator_num_gpus"):
-            if getattr(ap, knob) > 0 and not torch.cuda.is_available():
-                raise ValueError(f"async_pipeline.{knob}={getattr(ap, knob)} asks for GPU actors, "
-                                 "but CUDA is not available on this machine.")
+        # the knobs' ranges, max_collect_inflight and GPU actors were checked at start (config_checks)
         collector_device = "cuda" if ap.collector_num_gpus > 0 else "cpu"
         self.versions = PolicyVersionMap(initial_train_iter=self.learner.train_iter)
         self.published_iter = self.learner.train_iter
@@ -274,13 +293,12 @@ class AsyncTrainer(TrainerBase):
     def _train(self, steps: int, budgets: deque) -> None:
         t0 = time.monotonic()
         for _ in range(steps):
-            self._publish_if_due(before_step=True)
             self.thread_steps += self.threads.update(self._busy_actor_cpus())
             self.thread_updates += 1
             self.after_train_step(self.learner.step(before_optimizer_step=self._await_publish))
             self.control[_LEARNER_ITER] = self.learner.train_iter
             self._spend(budgets, 1.0)
-            self._publish_if_due(before_step=False)
+            self._publish_if_due()
         self.learner_busy_s += time.monotonic() - t0
 
     def _busy_actor_cpus(self) -> int:
@@ -340,13 +358,9 @@ class AsyncTrainer(TrainerBase):
     def _mean_lag(self) -> float:
         return self.lag_sum / max(self.lag_frames, 1)
 
-    def _publish_if_due(self, before_step: bool) -> None:
+    def _publish_if_due(self) -> None:
         ap = self.cfg.async_pipeline
-        gap = self.learner.train_iter - self.published_iter
-        # before an update: publish if that update would put the workers past max_policy_lag
-        forced = before_step and ap.max_policy_lag > 0 and gap + 1 > ap.max_policy_lag
-        due = not before_step and gap >= ap.weight_sync_interval
-        if gap > 0 and (forced or due):
+        if publish_due(self.learner.train_iter, self.published_iter, ap.weight_sync_interval, ap.max_policy_lag):
             with _publish_failures_are_worker_faults():
                 publish_weights(self.collector, self.learner.model, timeout_s=ap.shutdown_timeout_s,
                                 train_iter=self.learner.train_iter, version_map=self.versions, wait=False)
@@ -365,6 +379,7 @@ class AsyncTrainer(TrainerBase):
     def _record_eval(self, result) -> None:
         weights = self._pending_eval.pop(result.version)
         self.metrics.log_eval(self.env_steps, self.learner.train_iter, result.version, result.mean_return)
+        self.metrics.log(self.env_steps, result.stats)  # board games: win / draw / loss rates per opponent
         self.save_evaluated(result.version, weights, result.mean_return)
 
     def _final_eval(self) -> None:

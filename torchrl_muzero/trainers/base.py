@@ -14,15 +14,19 @@ from torchrl_muzero.trainers.builders import build_buffer, build_model, resolve_
 from torchrl_muzero.trainers.checkpoint import (
     CheckpointError,
     latest_checkpoint,
-    load_checkpoint,
     save_checkpoint,
 )
 from torchrl_muzero.trainers.config import TrainConfig, config_to_dict, load_config
+from torchrl_muzero.trainers.config_checks import check_run_targets, run_folder_of
 from torchrl_muzero.trainers.learner import Learner, NonFiniteLossError
 from torchrl_muzero.trainers.metrics import RunMetrics
 from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
 
-__all__ = ["TrainerBase", "TrainingStopped"]
+__all__ = ["TrainerBase", "TrainingStopped", "EXIT_CODES"]
+
+#: The process exit status of each way a run ends (``summary.json`` carries both): 0 only when the
+#: run ended as configured; the shell's conventions for SIGINT / SIGTERM (128 + signal number).
+EXIT_CODES = {"ok": 0, "fault": 1, "nan": 1, "interrupted": 130, "terminated": 143}
 
 
 class TrainingStopped(RuntimeError):
@@ -56,13 +60,14 @@ class TrainerBase:
         if not isinstance(cfg, TrainConfig):
             cfg = load_config(cfg)
         self.cfg = cfg
+        # everything this run touches on the machine is checked before a folder, env or process exists
+        resume_state = check_run_targets(cfg)
         # the thread count the run was started with; torchrl's envs and collectors change it
         # behind our back (torchrl_guards.reclaim_torch_threads), the trainers put it back
         self.torch_threads = torch.get_num_threads()
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.device)
-        self.run_dir = Path(cfg.resume or cfg.run_dir or f"runs/{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_folder_of(cfg) or Path(f"runs/{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.ckpt_dir = self.run_dir / "ckpt"
 
         probe = make_env(cfg.env, num_envs=1, seed=cfg.seed)
@@ -74,13 +79,18 @@ class TrainerBase:
         self.learner = Learner(model, self.buffer, cfg, self.device)
         self.env_steps = 0
         self.episodes = 0
+        self.best_return = float("-inf")
+        self.best_version: int | None = None
+        self.evaluated_versions: list[int] = []  # in the order their scores arrived
+        self.stop_reason: str | None = None
+        wall_offset = 0.0
+        if resume_state is not None:  # a checkpoint that does not fit stops here, before anything is written
+            wall_offset = self._resume(resume_state)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = RunMetrics(
             self.run_dir, cfg.logger.backend, cfg.logger.project, cfg.logger.progress_bar, cfg.train.total_env_steps
         )
-        self.best_return = float("-inf")
-        self.stop_reason: str | None = None
-        if cfg.resume:
-            self._resume()
+        self.metrics.wall_offset = wall_offset
         with open(self.run_dir / "config.json", "w") as f:
             json.dump(config_to_dict(cfg), f, indent=2)
 
@@ -92,6 +102,7 @@ class TrainerBase:
             "train_iter": self.learner.train_iter,
             "wall_s": self.metrics.wall(),
             "best_return": self.best_return,
+            "best_version": self.best_version,
         }
 
     def save(self, with_buffer: bool | None = None) -> Path:
@@ -107,28 +118,55 @@ class TrainerBase:
         return {k: v.detach().cpu().clone() for k, v in self.learner.model.state_dict().items()}
 
     def save_evaluated(self, version: int, model_state: dict, mean_return: float) -> Path:
-        """Save the exact weights an evaluation scored, as ``ckpt/model_v{version}.pt``."""
+        """Save the exact weights an evaluation scored, as ``ckpt/model_v{version}.pt``.
+
+        The best version's weights also go to ``ckpt/best.pt``. Of the
+        ``model_v*.pt`` files, those of the last ``train.keep_eval_checkpoints``
+        evaluations and of the best version are kept (a long run evaluates
+        thousands of times). A version still being evaluated has no file yet,
+        so it is never among those deleted.
+        """
         state = {"model": model_state, "counters": {**self._counters(), "policy_version": version,
                                                     "mean_return": mean_return},
                  "config": config_to_dict(self.cfg)}
-        path = save_checkpoint(self.ckpt_dir / f"model_v{version}.pt", state)
+        path = save_checkpoint(self._evaluated_path(version), state)
         if mean_return > self.best_return:
-            self.best_return = mean_return
+            self.best_return, self.best_version = mean_return, version
+            state["counters"].update(best_return=mean_return, best_version=version)
             save_checkpoint(self.ckpt_dir / "best.pt", state)
+        self.evaluated_versions.append(version)
+        self._prune_evaluated()
         return path
 
-    def _resume(self) -> None:
+    def _evaluated_path(self, version: int) -> Path:
+        return self.ckpt_dir / f"model_v{version}.pt"
+
+    def _prune_evaluated(self) -> None:
+        n = self.cfg.train.keep_eval_checkpoints
+        recent = self.evaluated_versions[-n:] if n else []
+        keep = set(recent) | {self.best_version}
+        for version in self.evaluated_versions:
+            if version not in keep:
+                self._evaluated_path(version).unlink(missing_ok=True)
+        self.evaluated_versions = [v for v in self.evaluated_versions if v in keep]
+
+    def _resume(self, state: dict) -> float:
+        """Load a checkpoint read by ``check_run_targets``; returns the wall time already spent."""
         path = latest_checkpoint(self.run_dir)
-        state = load_checkpoint(path, map_location=self.device)
         try:
             self.learner.load_state_dict(state)
         except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model/config: {err}") from err
+            raise CheckpointError(f"checkpoint {str(path)!r} does not fit this run's model: "
+                                  f"{_config_difference(state.get('config', {}), config_to_dict(self.cfg), err)}"
+                                  ) from err
         counters = state["counters"]
         self.env_steps = int(counters["env_steps"])
         self.episodes = int(counters.get("episodes", 0))
         self.best_return = float(counters.get("best_return", float("-inf")))
-        self.metrics.wall_offset = float(counters.get("wall_s", 0.0))
+        self.best_version = counters.get("best_version")
+        # the evaluated versions on disk, oldest first, join the retention window
+        self.evaluated_versions = sorted(int(p.stem[len("model_v"):]) for p in self.ckpt_dir.glob("model_v*.pt")
+                                         if p.stem[len("model_v"):].isdigit())
         buffer_path = self.ckpt_dir / "buffer.pt"
         if buffer_path.exists():
             self.buffer.load(buffer_path)
@@ -136,6 +174,7 @@ class TrainerBase:
             self.buffer.end_running_trajectories()
         print(f"torchrl_muzero: resumed {self.run_dir} at {self.env_steps} env steps, "
               f"train step {self.learner.train_iter}, buffer {len(self.buffer)} transitions")
+        return float(counters.get("wall_s", 0.0))
 
     # -- stop rules -------------------------------------------------------
     def should_stop(self) -> bool:
@@ -163,7 +202,7 @@ class TrainerBase:
                                               "buffer/sampleable": self.buffer.num_sampleable,
                                               "buffer/megabytes": self.buffer.nbytes() / 2**20,
                                               "buffer/beta": self.buffer.current_beta})
-        if it % self.cfg.train.checkpoint_interval == 0:
+        if self.cfg.train.checkpoint_interval and it % self.cfg.train.checkpoint_interval == 0:
             self.save(with_buffer=False)
 
     # -- the run ----------------------------------------------------------
@@ -179,6 +218,9 @@ class TrainerBase:
         Ctrl-C or SIGTERM stops cleanly with a final checkpoint; a NaN loss stops
         without overwriting the last good checkpoint; a dead worker stops
         the run within seconds. Every process is shut down in all cases.
+        ``summary["status"]`` says which way the run ended and
+        ``summary["exit_code"]`` the exit status the scripts end with
+        (:data:`EXIT_CODES`).
         """
         status = "ok"
         # SIGTERM ends the run as cleanly as Ctrl-C (final checkpoint, every process stopped);
@@ -193,7 +235,7 @@ class TrainerBase:
             self.stop_reason = "interrupted by Ctrl-C"
             print("\ntorchrl_muzero: interrupted, writing a final checkpoint ...")
         except _Terminated:
-            status = "interrupted"
+            status = "terminated"
             self.stop_reason = "terminated by SIGTERM"
             print("\ntorchrl_muzero: terminated (SIGTERM), writing a final checkpoint ...")
         except NonFiniteLossError as err:
@@ -208,10 +250,11 @@ class TrainerBase:
             finally:
                 if previous is not None:
                     signal.signal(signal.SIGTERM, previous)
-        if status in ("ok", "interrupted"):
+        if status in ("ok", "interrupted", "terminated"):
             self.save()
         self.metrics.close()
-        summary = {"status": status, "reason": self.stop_reason, **self._counters(), "run_dir": str(self.run_dir)}
+        summary = {"status": status, "exit_code": EXIT_CODES[status], "reason": self.stop_reason,
+                   **self._counters(), "run_dir": str(self.run_dir)}
         with open(self.run_dir / "summary.json", "w") as f:
             json.dump(summary, f, indent=2)
         msg = f"torchrl_muzero: run stopped ({status}): {self.stop_reason}. Run folder: {self.run_dir}"
@@ -219,3 +262,17 @@ class TrainerBase:
             msg += f"; last good checkpoint: {self.ckpt_dir / 'last.pt'}"
         print(msg)
         return summary
+
+
+def _config_difference(saved: dict, current: dict, err: Exception) -> str:
+    """Which model-shaping keys differ between a checkpoint's config and this run's (else torch's error)."""
+    diffs = []
+    for section in ("env", "model", "loss"):
+        old, new = saved.get(section, {}), current.get(section, {})
+        for key in new:
+            if key in old and old[key] != new[key] and (section != "env" or key in ("id", "frame_stack",
+                                                                               "screen_size", "grayscale")):
+                diffs.append(f"{section}.{key}={old[key]!r} (this run: {new[key]!r})")
+    if diffs:
+        return "it was written with " + ", ".join(diffs) + "."
+    return str(err).strip().splitlines()[0]

@@ -2,9 +2,10 @@
 
 Hydra composes the YAML files of ``sota-implementations/muzero/config``; the
 result (or a plain dict from a user's script) goes through
-:func:`load_config`, which rejects unknown keys and wrong types with a
-message that names the dotted key, so a typo fails at start instead of
-silently using a default.
+:func:`load_config`, which rejects unknown keys, wrong types and values out
+of range (:mod:`~torchrl_muzero.trainers.config_checks`) with a message that
+names the dotted key, so a typo fails at start instead of silently using a
+default.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["ConfigError", "TrainConfig", "load_config", "config_to_dict"]
+__all__ = ["ConfigError", "TrainConfig", "load_config", "check_key", "config_to_dict"]
 
 
 class ConfigError(ValueError):
@@ -26,7 +27,7 @@ class EnvConfig:
     """Which environment, and how it is batched and preprocessed."""
 
     name: str = "CartPole"
-    kind: str = "gym"  # "gym" (vector observations) or "atari"
+    kind: str = "gym"  # "gym" (vector observations), "atari", or "board" (two-player: id TicTacToe)
     id: str = "CartPole-v1"
     num_envs: int = 8  # envs stepped together by one collector (B roots per search)
     parallel: bool = False  # Atari: one process per game (ParallelEnv) instead of in-process (SerialEnv)
@@ -81,7 +82,7 @@ class LossConfig:
 class OptimConfig:
     lr: float = 3e-3
     weight_decay: float = 1e-4
-    max_grad_norm: float = 10.0
+    max_grad_norm: float = 10.0  # 0: no clipping
     batch_size: int = 256
 
 
@@ -106,7 +107,9 @@ class TrainSection:
     frames_per_batch: int = 256  # env steps per collect (all envs of one collector)
     target_update_interval: int = 100  # learner steps between target-model refreshes
     stop_return: float = 0.0  # stop once an evaluation reaches it (0: never)
-    checkpoint_interval: int = 1000  # learner steps between periodic checkpoints
+    checkpoint_interval: int = 1000  # learner steps between periodic checkpoints (0: off)
+    # evaluated versions whose ckpt/model_v{version}.pt is kept: the last N evaluated, plus the best one
+    keep_eval_checkpoints: int = 5
     temperature_schedule: list = field(default_factory=lambda: [[0.5, 1.0], [0.75, 0.5], [1.0, 0.25]])
 
 
@@ -128,7 +131,9 @@ class AsyncPipelineConfig:
     max_eval_inflight: int = 1
     max_train_chunk_steps: int = 4
     weight_sync_interval: int = 1
-    max_policy_lag: int = 0  # 0: no bound beyond weight_sync_interval
+    # the most updates collectors may lag behind the learner; reaching it forces a publish
+    # (0: publish whenever the learner moved, -1: no bound beyond weight_sync_interval)
+    max_policy_lag: int = 0
     max_train_budget_queue_size: int = 0  # 0: 2 * num_collector_actors
     eval_at_start: bool = False
     collector_num_cpus: int = 1
@@ -182,7 +187,7 @@ class TrainConfig:
 
 
 _KNOWN_CHOICES = {
-    "env.kind": ("gym", "atari"),
+    "env.kind": ("gym", "atari", "board"),
     "model.kind": ("mlp", "resnet"),
     "mcts.backend": ("auto", "torch", "cpp"),
     "logger.backend": ("csv", "tensorboard", "wandb", "none"),
@@ -211,6 +216,36 @@ def _check_type(path: str, value: Any, annotation: Any) -> Any:
     return value
 
 
+def _unknown_key(names: list[str], key: str, prefix: str) -> ConfigError:
+    close = difflib.get_close_matches(str(key), names, n=1)
+    hint = f" Did you mean '{prefix}{close[0]}'?" if close else ""
+    return ConfigError(f"unknown config key '{prefix}{key}'.{hint} Valid keys here: {', '.join(names)}.")
+
+
+def check_key(dotted: str) -> None:
+    """Raise :class:`ConfigError` (with the closest valid key) if ``dotted`` names no config key.
+
+    Examples:
+        >>> from torchrl_muzero.trainers.config import check_key
+        >>> check_key("mcts.num_simulations")
+        >>> check_key("mcts.num_sims")
+        Traceback (most recent call last):
+        ...
+        torchrl_muzero.trainers.config.ConfigError: unknown config key 'mcts.num_sims'. Did you mean 'mcts.num_simulations'? Valid keys here: num_simulations, discount, pb_c_base, pb_c_init, dirichlet_alpha, dirichlet_fraction, temperature, backend.
+    """
+    cls, prefix = TrainConfig, ""
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if cls is None:
+            raise ConfigError(f"config key '{prefix[:-1]}' is a value, not a section: '{dotted}' does not exist.")
+        names = [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            raise _unknown_key(names, part, prefix)
+        annotation = typing.get_type_hints(cls)[part]
+        cls = annotation if dataclasses.is_dataclass(annotation) else None
+        prefix += f"{part}."
+
+
 def _build(cls, data: Any, prefix: str):
     if dataclasses.is_dataclass(data):
         data = config_to_dict(data)
@@ -222,11 +257,7 @@ def _build(cls, data: Any, prefix: str):
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" Did you mean '{prefix}{close[0]}'?" if close else ""
-            raise ConfigError(
-                f"unknown config key '{path}'.{hint} Valid keys here: {', '.join(names)}."
-            )
+            raise _unknown_key(names, key, prefix)
         annotation = hints[key]
         if dataclasses.is_dataclass(annotation):
             kwargs[key] = _build(annotation, value, f"{path}.")
@@ -270,7 +301,11 @@ def load_config(data: Any = None, **overrides: Any) -> TrainConfig:
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = value
-    return _build(TrainConfig, data, "")
+    cfg = _build(TrainConfig, data, "")
+    from torchrl_muzero.trainers.config_checks import check_ranges
+
+    check_ranges(cfg)
+    return cfg
 
 
 def _deep_copy(d):

@@ -79,7 +79,9 @@ class Learner:
             raise NonFiniteLossError(f"the loss became non-finite at train step {self.train_iter}: {parts}")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.loss_module.parameters(), self.cfg.optim.max_grad_norm)
+        # optim.max_grad_norm=0 turns clipping off (the norm is still measured and logged)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.loss_module.parameters(),
+                                                   self.cfg.optim.max_grad_norm or float("inf"))
         if before_optimizer_step is not None:
             before_optimizer_step()
         self.optimizer.step()

@@ -1,0 +1,44 @@
+"""Which env ids exist: checked at start without importing torchrl (the scripts' start-up checks)."""
+from __future__ import annotations
+
+__all__ = ["BOARD_GAMES", "is_board_game", "check_env_id"]
+
+# env.kind == "board": two-player board games, by env.id (torchrl_muzero/envs/tictactoe.py)
+BOARD_GAMES = ("TicTacToe",)
+
+
+def is_board_game(env_cfg) -> bool:
+    """Two-player zero-sum board game (self-play, ``to_play`` / ``action_mask``, board evaluation)."""
+    return env_cfg.kind == "board"
+
+
+def check_env_id(env_id: str, kind: str = "gym") -> None:
+    """Raise a ``ValueError`` naming ``env_id`` if no env of ``kind`` has that id.
+
+    Examples:
+        >>> from torchrl_muzero.envs.env_ids import check_env_id
+        >>> check_env_id("CartPole-v1")
+        >>> check_env_id("CartPole-v9")
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown env id 'CartPole-v9': gymnasium has no such environment. Similar ids: CartPole-v0, CartPole-v1.
+    """
+    if kind == "board":
+        if env_id not in BOARD_GAMES:
+            raise ValueError(f"unknown board game {env_id!r}: the board games are {', '.join(BOARD_GAMES)}.")
+        return
+    import gymnasium as gym
+
+    if env_id.startswith("ALE/"):
+        try:
+            import ale_py
+
+            gym.register_envs(ale_py)
+        except ImportError as err:
+            raise ValueError(
+                f"env id {env_id!r} needs ale-py, which is not installed: pip install 'torchrl_muzero[atari]'."
+            ) from err
+    if env_id not in gym.registry:
+        close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower()[:4])][:5]
+        hint = f" Similar ids: {', '.join(close)}." if close else ""
+        raise ValueError(f"unknown env id {env_id!r}: gymnasium has no such environment.{hint}")

@@ -1,0 +1,348 @@
+"""What every config value may be, checked before anything starts.
+
+Two layers:
+
+* :func:`check_ranges` (called by :func:`~torchrl_muzero.trainers.config.load_config`):
+  every numeric key's range and the rules that tie keys together. It needs
+  nothing but the config, so a user's script gets the same errors as the
+  hydra scripts.
+* :func:`check_run_targets` (called by the trainers before they create a
+  folder, an env or a process): what depends on this machine and its disk:
+  the env id, the device, the logger's package, the run folder, the resume
+  target.
+
+Every error is a :class:`~torchrl_muzero.trainers.config.ConfigError` whose
+message names the key, the value and what is allowed; the hydra scripts print
+it as one ``error: ...`` line and exit with status 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["Range", "RANGES", "check_ranges", "check_run_targets", "run_folder_of"]
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of one numeric key: ``lo <= x <= hi`` (or ``<`` where open).
+
+    ``off`` names a value outside the range that is allowed too and what it means
+    (``Range(1, off=(0, "off"))``: 0 or at least 1).
+
+    Examples:
+        >>> from torchrl_muzero.trainers.config_checks import Range
+        >>> Range(0.0, 1.0).allows(0.5), Range(0.0, 1.0).allows(1.5)
+        (True, False)
+        >>> Range(1, off=(0, "off")).describe()
+        '>= 1 (or 0: off)'
+    """
+
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    lo_open: bool = False
+    hi_open: bool = False
+    off: Optional[tuple] = None  # (value, meaning)
+
+    def allows(self, x: float) -> bool:
+        if self.off is not None and x == self.off[0]:
+            return True
+        if isinstance(x, float) and not math.isfinite(x):
+            return False
+        if self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo):
+            return False
+        if self.hi is not None and (x >= self.hi if self.hi_open else x > self.hi):
+            return False
+        return True
+
+    def describe(self) -> str:
+        lo = None if self.lo is None else f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        hi = None if self.hi is None else f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        if lo and hi:
+            text = f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        else:
+            text = lo or hi or "a finite number"
+        if self.off is not None:
+            text += f" (or {self.off[0]:g}: {self.off[1]})"
+        return text
+
+
+COUNT = Range(1)  # how many of something
+NON_NEG = Range(0)
+POSITIVE = Range(0, lo_open=True)
+PROBABILITY = Range(0.0, 1.0)
+INTERVAL = Range(1)  # learner steps between two things
+INTERVAL_OR_OFF = Range(1, off=(0, "off"))
+
+#: The range of every numeric key (a test checks that no numeric key is missing).
+RANGES: dict[str, Range] = {
+    # env
+    "env.num_envs": COUNT,
+    "env.max_episode_steps": Range(1, off=(0, "the env's own limit")),
+    "env.frame_skip": COUNT,
+    "env.frame_stack": COUNT,
+    "env.screen_size": Range(8),
+    "env.noop_max": NON_NEG,
+    "env.sticky_action_prob": PROBABILITY,
+    # model
+    "model.latent_dim": COUNT,
+    "model.hidden_dim": COUNT,
+    "model.num_layers": COUNT,
+    "model.value_support_size": COUNT,
+    "model.reward_support_size": COUNT,
+    "model.channels": COUNT,
+    "model.num_blocks": NON_NEG,
+    # mcts
+    "mcts.num_simulations": COUNT,
+    "mcts.discount": Range(0.0, 1.0, lo_open=True),
+    "mcts.pb_c_base": POSITIVE,
+    "mcts.pb_c_init": NON_NEG,
+    "mcts.dirichlet_alpha": POSITIVE,
+    "mcts.dirichlet_fraction": PROBABILITY,
+    "mcts.temperature": NON_NEG,
+    # loss
+    "loss.value_loss_weight": NON_NEG,
+    "loss.reward_loss_weight": NON_NEG,
+    "loss.policy_loss_weight": NON_NEG,
+    "loss.consistency_loss_weight": NON_NEG,
+    "loss.projection_dim": COUNT,
+    "loss.projection_hidden_dim": COUNT,
+    "loss.prediction_hidden_dim": COUNT,
+    # optim
+    "optim.lr": POSITIVE,
+    "optim.weight_decay": NON_NEG,
+    "optim.max_grad_norm": Range(0, lo_open=True, off=(0, "no clipping")),
+    "optim.batch_size": COUNT,
+    # buffer
+    "buffer.capacity": COUNT,
+    "buffer.num_unroll_steps": COUNT,
+    "buffer.td_steps": COUNT,
+    "buffer.reanalyze_ratio": PROBABILITY,
+    "buffer.alpha": NON_NEG,
+    "buffer.beta": PROBABILITY,
+    "buffer.beta_anneal_steps": NON_NEG,
+    # train
+    "train.total_env_steps": COUNT,
+    "train.max_wall_time_s": Range(0, lo_open=True, off=(0, "no limit")),
+    "train.replay_ratio": NON_NEG,
+    "train.train_start_after_envsteps": NON_NEG,
+    "train.frames_per_batch": COUNT,
+    "train.target_update_interval": INTERVAL,
+    "train.stop_return": Range(),
+    "train.checkpoint_interval": INTERVAL_OR_OFF,
+    "train.keep_eval_checkpoints": Range(1, off=(0, "keep only the best version's")),
+    # eval
+    "eval.num_episodes": COUNT,
+    "eval.interval": INTERVAL,
+    "eval.num_simulations": Range(1, off=(0, "mcts.num_simulations")),
+    # async pipeline
+    "async_pipeline.num_collector_actors": COUNT,
+    "async_pipeline.num_evaluator_actors": Range(1, off=(0, "no evaluation")),
+    "async_pipeline.max_collect_inflight": Range(1, off=(0, "num_collector_actors")),
+    "async_pipeline.max_eval_inflight": COUNT,
+    "async_pipeline.max_train_chunk_steps": COUNT,
+    "async_pipeline.weight_sync_interval": INTERVAL,
+    "async_pipeline.max_policy_lag": Range(0, off=(-1, "no bound")),
+    "async_pipeline.max_train_budget_queue_size": Range(1, off=(0, "2 * num_collector_actors")),
+    "async_pipeline.collector_num_cpus": COUNT,
+    "async_pipeline.evaluator_num_cpus": COUNT,
+    "async_pipeline.learner_num_threads": Range(1, off=(0, "the cores the working actors leave free")),
+    "async_pipeline.actor_niceness": Range(0, 19),
+    "async_pipeline.collector_num_gpus": NON_NEG,
+    "async_pipeline.evaluator_num_gpus": NON_NEG,
+    "async_pipeline.buffer_stats_interval": INTERVAL,
+    "async_pipeline.poll_interval_s": POSITIVE,
+    "async_pipeline.shutdown_timeout_s": POSITIVE,
+    # logger
+    "logger.log_interval": INTERVAL,
+    # run
+    "seed": Range(0, 2**31 - 1),
+}
+
+
+def _numeric_leaves(cfg, prefix: str = ""):
+    """``(dotted key, value)`` of every int / float field of a config dataclass."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from _numeric_leaves(value, f"{key}.")
+        elif hints[f.name] in (int, float):
+            yield key, value
+
+
+def _error(message: str):
+    from torchrl_muzero.trainers.config import ConfigError
+
+    return ConfigError(message)
+
+
+def check_ranges(cfg) -> None:
+    """Raise a ``ConfigError`` for the first value outside its range or rule.
+
+    Examples:
+        >>> from torchrl_muzero.trainers.config import load_config
+        >>> load_config({"train": {"replay_ratio": -1}})
+        Traceback (most recent call last):
+        ...
+        torchrl_muzero.trainers.config.ConfigError: config key 'train.replay_ratio' must be >= 0, got -1.0.
+    """
+    for key, value in _numeric_leaves(cfg):
+        rule = RANGES.get(key)
+        if rule is None:
+            raise _error(f"config key '{key}' has no range in config_checks.RANGES (a bug: add one).")
+        if not rule.allows(value):
+            raise _error(f"config key '{key}' must be {rule.describe()}, got {value!r}.")
+    _check_rules(cfg)
+
+
+def _check_rules(cfg) -> None:
+    """The rules that tie keys together, or that a range cannot say."""
+    ap, t = cfg.async_pipeline, cfg.train
+    if t.frames_per_batch % cfg.env.num_envs:
+        n = cfg.env.num_envs
+        lower, upper = max(n, t.frames_per_batch // n * n), (t.frames_per_batch // n + 1) * n
+        raise _error(
+            f"config key 'train.frames_per_batch' must be a multiple of env.num_envs={n} (each collect steps "
+            f"all envs together), got {t.frames_per_batch}: use {lower} or {upper}."
+        )
+    if ap.max_collect_inflight not in (0, ap.num_collector_actors):
+        # torchrl's MultiAsyncCollector keeps exactly one collect in flight per worker
+        raise _error(
+            f"config key 'async_pipeline.max_collect_inflight' must be 0 or num_collector_actors "
+            f"({ap.num_collector_actors}), got {ap.max_collect_inflight}: each collector worker has exactly one "
+            "collect in flight; use fewer collector actors to collect less at once."
+        )
+    schedule = t.temperature_schedule
+    if not schedule:
+        raise _error("config key 'train.temperature_schedule' must hold at least one [until_progress, multiplier] "
+                     "pair, got [].")
+    last = 0.0
+    for i, pair in enumerate(schedule):
+        ok = isinstance(pair, (list, tuple)) and len(pair) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in pair)
+        if not ok or not (last < float(pair[0]) <= 1.0) or float(pair[1]) < 0:
+            raise _error(
+                f"config key 'train.temperature_schedule' must be a list of [until_progress, multiplier] pairs with "
+                f"until_progress increasing in (0, 1] and multiplier >= 0; entry {i} is {pair!r}."
+            )
+        last = float(pair[0])
+    for key in ("env.name", "env.id"):
+        section, leaf = key.split(".")
+        value = getattr(getattr(cfg, section), leaf)
+        if not value.strip() or (key == "env.name" and ("/" in value or value in (".", ".."))):
+            raise _error(f"config key '{key}' must be a non-empty name{' without /' if key == 'env.name' else ''}, "
+                         f"got {value!r}.")
+
+
+# -- what the run will touch on this machine -----------------------------------------
+def _check_device(name: str) -> None:
+    match = re.fullmatch(r"(cpu|cuda|mps)(?::(\d+))?", name)
+    if name == "auto" or (match and match.group(1) == "cpu"):
+        return
+    if match is None:
+        raise _error(f"config key 'device' must be auto, cpu, cuda, cuda:N or mps, got {name!r}.")
+    import torch
+
+    kind, index = match.group(1), match.group(2)
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise _error(f"config key 'device' is {name!r}, but CUDA is not available on this machine: "
+                         "use device=cpu or device=auto.")
+        if index is not None and int(index) >= torch.cuda.device_count():
+            raise _error(f"config key 'device' is {name!r}, but this machine has {torch.cuda.device_count()} "
+                         f"CUDA device(s): use cuda:0 .. cuda:{torch.cuda.device_count() - 1}.")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise _error(f"config key 'device' is {name!r}, but MPS is not available on this machine.")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_folder_of(cfg) -> Optional[Path]:
+    """The folder a run writes to: the resumed run's, else ``run_dir`` (None: the trainer picks one)."""
+    target = cfg.resume or cfg.run_dir
+    return Path(target) if target else None
+
+
+def _holds_a_run(folder: Path) -> bool:
+    return any((folder / name).exists() for name in ("config.json", "ckpt", "eval.csv", "summary.json"))
+
+
+def _check_writable(folder: Path, key: str) -> None:
+    """The run folder can be created and written (probed: root ignores permission bits)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".torchrl_muzero_write_probe_{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise _error(f"config key '{key}': the run folder {str(folder)!r} cannot be written "
+                     f"({err.strerror or err}).") from None
+
+
+def check_run_targets(cfg) -> Optional[dict]:
+    """Check what the run will touch on this machine, before any folder, env or process exists.
+
+    The env id (and ale-py for Atari), the device, GPU actors, the logger's
+    package, the resume target (a run folder with a readable ``ckpt/last.pt``)
+    and the run folder (writable; a fresh run does not reuse a folder that
+    holds another run, so a rejected or mistaken start never overwrites it).
+    The checkpoint's fit to the model is checked by the trainer, once the
+    model is built, before it writes anything.
+
+    Returns:
+        the resume checkpoint's contents when ``cfg.resume`` is set (read once, here), else None.
+    """
+    from torchrl_muzero.envs.env_ids import check_env_id
+    from torchrl_muzero.trainers.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+
+    try:
+        check_env_id(cfg.env.id, cfg.env.kind)
+    except ValueError as err:
+        raise _error(f"config key 'env.id': {err}") from None
+    _check_device(cfg.device)
+    for knob in ("collector_num_gpus", "evaluator_num_gpus"):
+        value = getattr(cfg.async_pipeline, knob)
+        if value > 0 and not _cuda_available():
+            raise _error(f"config key 'async_pipeline.{knob}' is {value}: GPU actors were asked for, but CUDA is "
+                         "not available on this machine (use 0).")
+    backend = cfg.logger.backend
+    package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(backend)
+    if package and importlib.util.find_spec(package) is None:
+        raise _error(f"config key 'logger.backend' is {backend!r}, which needs the {package} package: "
+                     f"pip install {package} (or use logger.backend=csv).")
+    if cfg.resume:
+        folder = Path(cfg.resume)
+        if not folder.exists():
+            raise _error(f"config key 'resume': the run folder {str(folder)!r} does not exist.")
+        if not folder.is_dir():
+            raise _error(f"config key 'resume': {str(folder)!r} is not a folder (resume takes a run folder, the "
+                         "one holding ckpt/last.pt).")
+        try:
+            state = load_checkpoint(latest_checkpoint(folder))
+        except CheckpointError as err:
+            raise _error(f"config key 'resume': {err}") from None
+        _check_writable(folder, "resume")
+        return state
+    elif cfg.run_dir:
+        folder = Path(cfg.run_dir)
+        if folder.exists() and not folder.is_dir():
+            raise _error(f"config key 'run_dir': {str(folder)!r} is a file, not a folder.")
+        if folder.is_dir() and _holds_a_run(folder):
+            raise _error(f"config key 'run_dir': {str(folder)!r} already holds a run; continue it with "
+                         f"resume={folder} or choose another run_dir.")
+        _check_writable(folder, "run_dir")
+    return None
+
