@@ -122,7 +122,11 @@ class EvalConfig:
 
 @dataclass
 class AsyncPipelineConfig:
-    """The knobs of LightZero's async segment pipeline (seed, section 4.2), same meanings."""
+    """The knobs of LightZero's async segment pipeline (seed, section 4.2).
+
+    The seed's names, defaults and meanings; ``sota-implementations/muzero/config/config.yaml``
+    says for each knob where ours extends the seed's.
+    """
 
     enabled: bool = True
     num_collector_actors: int = 1
