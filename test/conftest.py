@@ -1,7 +1,8 @@
 import os
 
-# Ray (used only for multi-node runs) must stay on loopback on these machines:
-# see ../shared/notes/ray-on-this-machine.md. Set before anything imports ray.
+# Ray (used only for multi-node runs) must stay on loopback in CI: without these, ray.init()
+# binds the machine's interface address and probes a cloud metadata address at start.
+# Set before anything imports ray.
 for _k, _v in {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",

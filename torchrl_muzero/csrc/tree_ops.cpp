@@ -5,8 +5,8 @@
 // ~35 small aten calls (3-6 us of dispatch each on CPU), which dominates the
 // search. Here one call per simulation walks every tree directly on the
 // tensors' memory (select + backup ~0.2 us per tree per simulation at B=64..256,
-// ~3.5 us per simulation at B=1, mostly pybind call overhead). See
-// /work/shared/notes/mcts-speed-on-cpu.md.
+// ~3.5 us per simulation at B=1, mostly pybind call overhead). Measured in
+// docs/performance.md ("Search"), with benchmarks/test_search_bench.py.
 //
 // The file also holds `mlp_search`: a whole search for MuZeroMLPModel with
 // its network step in C++ too (section "Fused search" below); it reuses the
@@ -354,7 +354,8 @@ void expand_and_backup(
 // tree work. `mlp_search` runs every simulation of a search in this one call:
 // select, gather the parent latent, the network step as raw loops (no
 // dispatch, no allocation), expand and backup; the GIL is released
-// throughout. See /work/shared/notes/mcts-speed-on-cpu.md.
+// throughout. Measured in docs/performance.md ("Search"), with
+// benchmarks/test_search_bench.py.
 //
 // The network step mirrors MuZeroMLPModel.recurrent_inference_scalar:
 //   h      = relu((W1[:, :L] x + b1) + W1[:, L + a])        dynamics, layer 1
