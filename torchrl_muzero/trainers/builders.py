@@ -84,6 +84,7 @@ def build_buffer(cfg: TrainConfig, seed: int | None = None):
         num_unroll_steps=b.num_unroll_steps,
         td_steps=b.td_steps,
         discount=cfg.mcts.discount,
+        two_player=cfg.env.kind == "board",  # self-play board games: rewards are the mover's
         frame_stack=cfg.env.frame_stack if cfg.env.kind == "atari" else 1,
         alpha=b.alpha,
         beta=b.beta,

@@ -6,7 +6,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_muzero.mcts import MCTSConfig, MCTSPolicy
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "evaluate_with_stats"]
 
 
 @torch.no_grad()
@@ -33,3 +33,21 @@ def evaluate(model, env, mcts: MCTSConfig, max_steps: int = 100_000) -> list[flo
                 break
             td = next_root
     return returns.tolist()
+
+
+def evaluate_with_stats(model, env, mcts: MCTSConfig, env_cfg=None) -> tuple[list[float], dict]:
+    """What the trainers score a version with: ``(per-episode returns, extra metrics)``.
+
+    Board games (``env_cfg.kind == "board"``) play ``N`` games (``N``: the
+    env's batch size, ``eval.num_episodes``) against a random player and ``N``
+    against a perfect minimax player, MuZero first in half of them; the
+    returns are the game scores (+1 / 0 / -1 from MuZero's view) and the
+    metrics the win / draw / loss rates per opponent
+    (:func:`torchrl_muzero.envs.board_eval.evaluate_board`). Other envs:
+    :func:`evaluate` and no extra metrics.
+    """
+    if env_cfg is not None and env_cfg.kind == "board":
+        from torchrl_muzero.envs.board_eval import evaluate_board
+
+        return evaluate_board(model, mcts, num_games=int(env.batch_size.numel()) if len(env.batch_size) else 1)
+    return evaluate(model, env, mcts), {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import queue
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.multiprocessing as mp
@@ -35,6 +35,7 @@ class EvalResult:
 
     version: int
     returns: list
+    stats: dict = field(default_factory=dict)  # extra metrics (board games: W/D/L per opponent)
 
     @property
     def mean_return(self) -> float:
@@ -50,7 +51,7 @@ def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results,
         from torchrl_muzero.envs import make_env
         from torchrl_muzero.trainers.builders import build_model, mcts_config
         from torchrl_muzero.trainers.config import load_config
-        from torchrl_muzero.trainers.evaluation import evaluate
+        from torchrl_muzero.trainers.evaluation import evaluate_with_stats
 
         cfg = load_config(cfg_dict)
         model = build_model(cfg, observation_shape, num_actions).to(device).eval()
@@ -68,7 +69,7 @@ def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results,
                 break
             version, weights = request
             model.load_state_dict(weights)
-            results.put(("ok", index, version, evaluate(model, env, mcts)))
+            results.put(("ok", index, version, evaluate_with_stats(model, env, mcts, cfg.env)))
         env.close()
     except BaseException:  # report, then exit non-zero: the driver names us in its error
         results.put(("error", index, -1, traceback.format_exc()))
@@ -131,7 +132,7 @@ class EvaluatorPool:
             if status == "error":
                 raise WorkerDied(f"evaluator process {idx} failed:\n{payload}")
             self.busy[idx] = False
-            out.append(EvalResult(version, payload))
+            out.append(EvalResult(version, *payload))
 
     def check_alive(self) -> None:
         for i, p in enumerate(self.procs):

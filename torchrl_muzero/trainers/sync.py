@@ -8,7 +8,7 @@ from torchrl_muzero.envs import make_env
 from torchrl_muzero.mcts import MCTSPolicy
 from torchrl_muzero.trainers.base import TrainerBase
 from torchrl_muzero.trainers.builders import mcts_config, temperature_at
-from torchrl_muzero.trainers.evaluation import evaluate
+from torchrl_muzero.trainers.evaluation import evaluate_with_stats
 from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
 
 __all__ = ["SyncTrainer", "episode_returns"]
@@ -79,9 +79,11 @@ class SyncTrainer(TrainerBase):
     def _evaluate(self) -> float:
         cfg = self.cfg
         sims = cfg.eval.num_simulations or cfg.mcts.num_simulations
-        returns = evaluate(self.learner.model, self.eval_env, mcts_config(cfg, temperature=0.0, num_simulations=sims))
+        returns, stats = evaluate_with_stats(self.learner.model, self.eval_env,
+                                             mcts_config(cfg, temperature=0.0, num_simulations=sims), cfg.env)
         mean = sum(returns) / len(returns)
         version = self.learner.train_iter
+        self.metrics.log(self.env_steps, stats)  # board games: win / draw / loss rates per opponent
         self.metrics.log_eval(self.env_steps, version, version, mean)
         self.save_evaluated(version, self.model_snapshot(), mean)
         return mean

@@ -1,0 +1,133 @@
+"""MuZero against fixed opponents on tic-tac-toe (random and perfect play).
+
+A match plays ``num_games`` games at once (one batched search per ply);
+MuZero moves first in the first half of the games and second in the other
+half, greedily (no root noise, the most visited action). Scores are from
+MuZero's view: +1 win, 0 draw, -1 loss.
+
+Play a run's final weights (``ckpt/last.pt``) against both opponents::
+
+    python -m torchrl_muzero.envs.board_eval outputs/2026-12-01/10-00-00 --games 100
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from torchrl_muzero.envs.board_opponents import MinimaxPlayer, RandomPlayer
+from torchrl_muzero.envs.tictactoe import NUM_CELLS, legal_moves, observe, play
+
+__all__ = ["muzero_player", "play_match", "evaluate_board", "main"]
+
+
+def muzero_player(model, mcts_config):
+    """A batched player ``(board, to_play) -> cells`` running a greedy search with ``model``."""
+    from torchrl_muzero.mcts import search
+
+    def act(board: torch.Tensor, to_play: torch.Tensor) -> torch.Tensor:
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                result = search(model, observe(board, to_play), mcts_config, action_mask=legal_moves(board),
+                                to_play=to_play, add_noise=False)
+        finally:
+            model.train(was_training)
+        return result.action.cpu()
+
+    return act
+
+
+def play_match(player, opponent, num_games: int, player_first: torch.Tensor | None = None) -> torch.Tensor:
+    """Play ``num_games`` games of ``player`` against ``opponent``; ``[num_games]`` scores for ``player``.
+
+    ``player_first[g]`` says whether ``player`` is X (moves first) in game
+    ``g`` (default: the first half of the games).
+    """
+    if player_first is None:
+        player_first = torch.arange(num_games) < (num_games + 1) // 2
+    side = torch.where(player_first, 0, 1)
+    board = torch.zeros(num_games, NUM_CELLS, dtype=torch.int8)
+    to_play = torch.zeros(num_games, dtype=torch.long)
+    score = torch.zeros(num_games)
+    live = torch.ones(num_games, dtype=torch.bool)
+    while bool(live.any()):
+        idx = live.nonzero().flatten()
+        action = torch.empty(idx.numel(), dtype=torch.long)
+        mine = to_play[idx] == side[idx]
+        for chooser, sel in ((player, mine), (opponent, ~mine)):
+            if bool(sel.any()):
+                g = idx[sel]
+                action[sel] = chooser(board[g], to_play[g]).long().cpu()
+        new_board, reward, done = play(board[idx], to_play[idx], action)
+        board[idx] = new_board
+        # the mover won: +1 when it was the player, -1 when it was the opponent
+        score[idx] += torch.where(mine, reward, -reward)
+        to_play[idx] = 1 - to_play[idx]
+        live[idx[done]] = False
+    return score
+
+
+def _rates(scores: torch.Tensor, prefix: str) -> dict:
+    n = max(scores.numel(), 1)
+    return {f"{prefix}/win": float((scores > 0).sum()) / n, f"{prefix}/draw": float((scores == 0).sum()) / n,
+            f"{prefix}/loss": float((scores < 0).sum()) / n}
+
+
+@torch.no_grad()
+def evaluate_board(model, mcts_config, num_games: int = 100, seed: int = 0) -> tuple[list[float], dict]:
+    """``num_games`` games against the random player, then against the minimax player.
+
+    Returns the per-game scores of both matches (random first, +1/0/-1 from
+    MuZero's view: their mean is the single evaluation score) and a dict of
+    win / draw / loss rates per opponent (``eval/vs_random/win``, ...).
+    """
+    me = muzero_player(model, mcts_config)
+    vs_random = play_match(me, RandomPlayer(seed), num_games)
+    vs_minimax = play_match(me, MinimaxPlayer(seed + 1), num_games)
+    stats = {**_rates(vs_random, "eval/vs_random"), **_rates(vs_minimax, "eval/vs_minimax")}
+    return [*vs_random.tolist(), *vs_minimax.tolist()], stats
+
+
+def load_run_model(run_dir: str | Path, checkpoint: str = "last.pt"):
+    """The model of a run folder's ``ckpt/<checkpoint>`` and the run's config."""
+    from torchrl_muzero.envs import env_spaces, make_env
+    from torchrl_muzero.trainers.builders import build_model
+    from torchrl_muzero.trainers.checkpoint import load_checkpoint
+    from torchrl_muzero.trainers.config import load_config
+
+    state = load_checkpoint(Path(run_dir) / "ckpt" / checkpoint, map_location="cpu")
+    cfg = load_config(state["config"])
+    probe = make_env(cfg.env, num_envs=1, seed=0)
+    obs_shape, num_actions = env_spaces(probe)
+    probe.close()
+    model = build_model(cfg, obs_shape, num_actions)
+    model.load_state_dict(state["model"])
+    return model.eval(), cfg
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--checkpoint", default="last.pt", help="file in <run_dir>/ckpt (default last.pt)")
+    parser.add_argument("--games", type=int, default=100, help="games per opponent")
+    parser.add_argument("--simulations", type=int, default=0, help="0: the run's eval.num_simulations")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    from torchrl_muzero.trainers.builders import mcts_config
+
+    model, cfg = load_run_model(args.run_dir, args.checkpoint)
+    sims = args.simulations or cfg.eval.num_simulations or cfg.mcts.num_simulations
+    scores, stats = evaluate_board(model, mcts_config(cfg, temperature=0.0, num_simulations=sims),
+                                   args.games, args.seed)
+    out = {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint, "games_per_opponent": args.games,
+           "simulations": sims, "mean_score": sum(scores) / len(scores), **stats}
+    print(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()
