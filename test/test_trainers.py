@@ -164,6 +164,45 @@ def test_async_policy_lag_is_bounded(tmp_path, interval, max_lag):
     assert not _wait_no_descendants()
 
 
+class _KnobRecorder(AsyncTrainer):
+    """Records what the seed's knobs bound: updates per chunk, the budget queue, evaluation submits."""
+
+    def _train(self, steps, budgets):
+        self.chunks = getattr(self, "chunks", []) + [steps]
+        super()._train(steps, budgets)
+
+    def _take_batch(self, batch, budgets):
+        super()._take_batch(batch, budgets)
+        if self.train_budget_ready():  # the cap is inactive until the buffer is trainable
+            self.queue_lengths = getattr(self, "queue_lengths", []) + [len(budgets)]
+
+    def _submit_eval(self):
+        submitted = super()._submit_eval()
+        if submitted:
+            self.submitted = getattr(self, "submitted", []) + [self.learner.train_iter]
+        return submitted
+
+
+def test_async_knobs_mean_what_the_seed_says(tmp_path):
+    """max_train_chunk_steps, max_train_budget_queue_size, eval_at_start, buffer_stats_interval."""
+    cfg = tiny_config(tmp_path, **{"train.total_env_steps": 1024, "train.replay_ratio": 0.5,
+                                   "async_pipeline.max_train_chunk_steps": 3,
+                                   "async_pipeline.max_train_budget_queue_size": 2,
+                                   "async_pipeline.eval_at_start": True,
+                                   "async_pipeline.buffer_stats_interval": 7, "eval.interval": 50})
+    trainer = _KnobRecorder(cfg)
+    summary = trainer.run()
+    assert summary["status"] == "ok", summary
+    # the final drain of the queued budget aside, no chunk has more than max_train_chunk_steps updates
+    assert max(trainer.chunks[:-1]) == 3 and sum(trainer.chunks) == summary["train_iter"]
+    assert max(trainer.queue_lengths) <= 2
+    assert trainer.submitted[0] == 0, "eval_at_start: the first evaluation scores the initial weights"
+    rows = (tmp_path / "logs" / "scalars" / "buffer" / "sampleable.csv")
+    steps = [int(line.split(",")[0]) for line in rows.read_text().strip().splitlines()] if rows.exists() else []
+    assert steps, "no buffer statistics were logged"
+    assert len(steps) == summary["train_iter"] // 7
+
+
 def test_async_evaluates_versions_and_saves_exact_checkpoints(tmp_path):
     cfg = tiny_config(tmp_path, **{"train.total_env_steps": 768, "async_pipeline.eval_at_start": True,
                                    "train.keep_eval_checkpoints": 1000})  # keep every evaluated version
