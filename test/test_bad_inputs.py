@@ -85,6 +85,9 @@ CASES = [
     ("unparsable", ["seed=[1"], "'seed=[1'", None, None),
     ("device-tpu", ["device=tpu"], "'device' must be auto, cpu, cuda", None, None),
     ("unknown-env-id", ["env.id=CartPole-v9"], "'env.id': unknown env id 'CartPole-v9'", None, None),
+    ("atari-kind-for-cartpole", ["env.kind=atari"], "'env.id': env.kind='atari' takes an ALE id", None, None),
+    ("resnet-for-vectors", ["model.kind=resnet", "run_dir={root}/fresh/run"],
+     "'model.kind' is 'resnet', which does not fit", None, None),
     ("atari-without-ale", ["env=Pong"], "pip install 'torchrl_muzero[atari]'", "no_ale", None),
     ("resume-a-file", ["resume={root}/a_file.txt"], "'resume'", None, None),
     ("resume-missing", ["resume={root}/missing"], "'resume': the run folder", None, None),
@@ -132,7 +135,7 @@ def outcomes(targets, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_fails_in_one_line(case, outcomes):
+def test_bad_input_fails_in_one_line(case, outcomes, targets):
     name, _, expected, _, folder = case
     results, workdirs, before, after = outcomes
     proc, seconds = results[name]
@@ -145,7 +148,9 @@ def test_bad_input_fails_in_one_line(case, outcomes):
     assert expected in lines[0], lines[0]
     if folder:
         assert after[name] == before[name], "a rejected start changed an existing run folder"
-    if name != "resume-other-model":  # checked before hydra starts: not even its output folder exists
+    if name == "resnet-for-vectors":  # rejected once the env was probed: the run folder is not left behind
+        assert not (targets / "fresh").exists()
+    if name not in ("resume-other-model", "resnet-for-vectors"):  # checked before hydra starts: no output folder
         assert not (workdirs[name] / "outputs").exists()
 
 

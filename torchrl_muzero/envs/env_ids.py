@@ -29,6 +29,12 @@ def check_env_id(env_id: str, kind: str = "gym") -> None:
         return
     import gymnasium as gym
 
+    if kind == "atari" and not env_id.startswith("ALE/"):
+        raise ValueError(f"env.kind='atari' takes an ALE id such as 'ALE/Pong-v5', got {env_id!r}: use env.kind=gym "
+                         "for other gymnasium envs.")
+    if kind == "gym" and env_id.startswith("ALE/"):
+        raise ValueError(f"{env_id!r} is an Atari game: use env=atari env.id={env_id} (Atari preprocessing and "
+                         "the ResNet model), not env.kind=gym.")
     if env_id.startswith("ALE/"):
         try:
             import ale_py

@@ -16,7 +16,7 @@ from torchrl_muzero.trainers.checkpoint import (
     latest_checkpoint,
     save_checkpoint,
 )
-from torchrl_muzero.trainers.config import TrainConfig, config_to_dict, load_config
+from torchrl_muzero.trainers.config import ConfigError, TrainConfig, config_to_dict, load_config
 from torchrl_muzero.trainers.config_checks import check_run_targets, run_folder_of
 from torchrl_muzero.trainers.learner import Learner, NonFiniteLossError
 from torchrl_muzero.trainers.metrics import RunMetrics
@@ -74,7 +74,11 @@ class TrainerBase:
         self.observation_shape, self.num_actions = env_spaces(probe)
         probe.close()
         reclaim_torch_threads(self.torch_threads)
-        model = build_model(cfg, self.observation_shape, self.num_actions)
+        try:
+            model = build_model(cfg, self.observation_shape, self.num_actions)
+        except ValueError as err:  # e.g. a ResNet for vector observations
+            raise ConfigError(f"config key 'model.kind' is {cfg.model.kind!r}, which does not fit env.id="
+                              f"{cfg.env.id!r} (observations of shape {self.observation_shape}): {err}") from None
         self.buffer = build_buffer(cfg)
         self.learner = Learner(model, self.buffer, cfg, self.device)
         self.env_steps = 0

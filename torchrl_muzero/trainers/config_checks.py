@@ -281,7 +281,12 @@ def _holds_a_run(folder: Path) -> bool:
 
 
 def _check_writable(folder: Path, key: str) -> None:
-    """The run folder can be created and written (probed: root ignores permission bits)."""
+    """The run folder can be created and written: probed (root ignores permission bits), then undone."""
+    created = []  # the folders the probe makes, deepest first, removed again afterwards
+    parent = folder
+    while not parent.exists() and parent != parent.parent:
+        created.append(parent)
+        parent = parent.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".torchrl_muzero_write_probe_{os.getpid()}"
@@ -290,6 +295,12 @@ def _check_writable(folder: Path, key: str) -> None:
     except OSError as err:
         raise _error(f"config key '{key}': the run folder {str(folder)!r} cannot be written "
                      f"({err.strerror or err}).") from None
+    finally:
+        for path in created:
+            try:
+                path.rmdir()
+            except OSError:
+                pass
 
 
 def check_run_targets(cfg) -> Optional[dict]:
