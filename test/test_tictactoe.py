@@ -121,6 +121,20 @@ def test_partial_reset_and_batch_stepping():
     assert td["to_play"].tolist() == [0, 1] and td["action_mask"][0].all() and int(td["action_mask"][1].sum()) == 4
 
 
+def test_random_openings_are_legal_positions_with_the_right_player_to_move():
+    env = TicTacToeEnv(num_envs=200, seed=0, random_opening_moves=3)
+    td = env.reset()
+    stones = (env.board != 0).sum(-1)
+    assert set(stones.tolist()) == {0, 1, 2, 3} and (winner(env.board) == -1).all()
+    assert torch.equal(td["to_play"], stones % 2) and torch.equal(td["action_mask"], env.board == 0)
+    assert torch.equal(td["observation"], observe(env.board, env.to_play))
+    again = TicTacToeEnv(num_envs=200, seed=0, random_opening_moves=3)
+    again.reset()
+    assert torch.equal(again.board, env.board)  # seeded
+    with pytest.raises(ValueError, match="random_opening_moves must be in 0..4"):
+        TicTacToeEnv(random_opening_moves=5)
+
+
 def test_rand_action_is_legal_and_seeded():
     a = TicTacToeEnv(num_envs=4, seed=3).rollout(30, break_when_any_done=False)
     b = TicTacToeEnv(num_envs=4, seed=3).rollout(30, break_when_any_done=False)

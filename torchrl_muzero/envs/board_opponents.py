@@ -107,7 +107,15 @@ def minimax_move_values(board: torch.Tensor) -> torch.Tensor:
 
 
 class RandomPlayer:
-    """Uniformly random legal moves, reproducible from ``seed``."""
+    """Uniformly random legal moves, reproducible from ``seed``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.envs.board_opponents import RandomPlayer
+        >>> board = torch.tensor([[1, 2, 1, 2, 1, 2, 0, 0, 1]], dtype=torch.int8)
+        >>> RandomPlayer(seed=0)(board).item() in (6, 7)
+        True
+    """
 
     def __init__(self, seed: int | None = 0) -> None:
         self.rng = torch.Generator()
@@ -123,6 +131,16 @@ class MinimaxPlayer:
 
     ``prefer_fast=True`` (default) breaks ties toward the quickest win: among
     winning moves it takes one that wins at once when there is one.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.envs.board_opponents import MinimaxPlayer
+        >>> # X . .      O (to move) must block X's column 0-3-6
+        >>> # X O .
+        >>> # . . .
+        >>> board = torch.tensor([[1, 0, 0, 1, 2, 0, 0, 0, 0]], dtype=torch.int8)
+        >>> MinimaxPlayer(seed=0)(board).item()
+        6
     """
 
     def __init__(self, seed: int | None = 0, prefer_fast: bool = True) -> None:

@@ -40,7 +40,8 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
             raise ValueError(f"env.kind='board' knows env.id in {BOARD_GAMES}, got {env_cfg.id!r}.")
         from torchrl_muzero.envs.tictactoe import TicTacToeEnv
 
-        env = TransformedEnv(TicTacToeEnv(n), RewardSum())  # episode_reward: 1 won, 0 drawn
+        opening = env_cfg.random_opening_moves if training else 0
+        env = TransformedEnv(TicTacToeEnv(n, random_opening_moves=opening), RewardSum())  # episode_reward: 1 won, 0 drawn
         env.set_seed(seed)
         return env
     check_env_id(env_cfg.id)

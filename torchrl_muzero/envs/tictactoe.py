@@ -91,6 +91,9 @@ class TicTacToeEnv(EnvBase):
     convention. Actions are one-hot ``[N, 9]`` (index actions ``[N]`` are
     accepted too). :meth:`rand_action` draws legal moves only, so torchrl's
     ``check_env_specs`` and ``rollout()`` without a policy work.
+    ``random_opening_moves=k`` starts each game after 0..k uniformly random
+    moves (drawn from ``seed``): self-play then also sees the openings a
+    random or a minimax opponent plays, not only its own favourite lines.
 
     Examples:
         >>> import torch
@@ -107,9 +110,13 @@ class TicTacToeEnv(EnvBase):
 
     batch_locked = True
 
-    def __init__(self, num_envs: int = 1, device: str | torch.device = "cpu", seed: int | None = None) -> None:
+    def __init__(self, num_envs: int = 1, device: str | torch.device = "cpu", seed: int | None = None,
+                 random_opening_moves: int = 0) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}.")
+        if not 0 <= random_opening_moves <= 4:  # 5 plies can end a game
+            raise ValueError(f"random_opening_moves must be in 0..4, got {random_opening_moves}.")
+        self.random_opening_moves = int(random_opening_moves)
         super().__init__(device=device, batch_size=torch.Size([num_envs]))
         n = num_envs
         self.observation_spec = Composite(
@@ -146,6 +153,15 @@ class TicTacToeEnv(EnvBase):
         self.board[mask] = 0
         self.to_play[mask] = 0
         self.game_over[mask] = False
+        if self.random_opening_moves:  # start from 0..k uniformly random moves (self-play diversity)
+            plies = torch.randint(0, self.random_opening_moves + 1, self.batch_size, generator=self.rng)
+            for ply in range(self.random_opening_moves):
+                move = mask & (plies > ply).to(self.device)
+                if bool(move.any()):
+                    legal = legal_moves(self.board[move]).float().cpu()
+                    cells = torch.multinomial(legal, 1, generator=self.rng).squeeze(-1).to(self.device)
+                    self.board[move], _, _ = play(self.board[move], self.to_play[move], cells)
+                    self.to_play[move] = 1 - self.to_play[move]
         out = self._observation()
         flags = self.game_over.unsqueeze(-1)
         out.update({"done": flags.clone(), "terminated": flags.clone(), "truncated": torch.zeros_like(flags)})

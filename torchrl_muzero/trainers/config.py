@@ -40,6 +40,8 @@ class EnvConfig:
     noop_max: int = 30
     sticky_action_prob: float = 0.25
     terminal_on_life_loss: bool = True  # for training only; evaluation plays whole games
+    # board games (kind == "board"): self-play games start after 0..k uniformly random moves
+    random_opening_moves: int = 0
 
 
 @dataclass

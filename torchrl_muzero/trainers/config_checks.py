@@ -91,6 +91,7 @@ RANGES: dict[str, Range] = {
     "env.screen_size": Range(8),
     "env.noop_max": NON_NEG,
     "env.sticky_action_prob": PROBABILITY,
+    "env.random_opening_moves": Range(0, 4),  # 5 plies can end a tic-tac-toe game
     # model
     "model.latent_dim": COUNT,
     "model.hidden_dim": COUNT,
