@@ -85,7 +85,7 @@ CASES = [
     ("unparsable", ["seed=[1"], "'seed=[1'", None, None),
     ("device-tpu", ["device=tpu"], "'device' must be auto, cpu, cuda", None, None),
     ("unknown-env-id", ["env.id=CartPole-v9"], "'env.id': unknown env id 'CartPole-v9'", None, None),
-    ("atari-kind-for-cartpole", ["env.kind=atari"], "'env.id': env.kind='atari' takes an ALE id", None, None),
+    ("atari-kind-for-cartpole", ["env.kind=atari"], "'env.id': env.kind='atari' needs an ALE env id", None, None),
     ("resnet-for-vectors", ["model.kind=resnet", "run_dir={root}/fresh/run"],
      "'model.kind' is 'resnet', which does not fit", None, None),
     ("atari-without-ale", ["env=Pong"], "pip install 'torchrl_muzero[atari]'", "no_ale", None),

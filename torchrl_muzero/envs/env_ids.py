@@ -12,8 +12,8 @@ def is_board_game(env_cfg) -> bool:
     return env_cfg.kind == "board"
 
 
-def check_env_id(env_id: str, kind: str = "gym") -> None:
-    """Raise a ``ValueError`` naming ``env_id`` if no env of ``kind`` has that id.
+def check_env_id(env_id: str, kind: str | None = None) -> None:
+    """Raise a ``ValueError`` naming ``env_id`` if no env (of ``env.kind`` ``kind``, when given) has that id.
 
     Examples:
         >>> from torchrl_muzero.envs.env_ids import check_env_id
@@ -30,8 +30,8 @@ def check_env_id(env_id: str, kind: str = "gym") -> None:
     import gymnasium as gym
 
     if kind == "atari" and not env_id.startswith("ALE/"):
-        raise ValueError(f"env.kind='atari' takes an ALE id such as 'ALE/Pong-v5', got {env_id!r}: use env.kind=gym "
-                         "for other gymnasium envs.")
+        raise ValueError(f"env.kind='atari' needs an ALE env id (such as 'ALE/Pong-v5'), got {env_id!r}: use "
+                         "env.kind=gym for other gymnasium envs.")
     if kind == "gym" and env_id.startswith("ALE/"):
         raise ValueError(f"{env_id!r} is an Atari game: use env=atari env.id={env_id} (Atari preprocessing and "
                          "the ResNet model), not env.kind=gym.")

@@ -44,7 +44,7 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
         env = TransformedEnv(TicTacToeEnv(n, random_opening_moves=opening), RewardSum())  # episode_reward: 1 won, 0 drawn
         env.set_seed(seed)
         return env
-    check_env_id(env_cfg.id)
+    check_env_id(env_cfg.id, env_cfg.kind)
     if env_cfg.kind == "atari":
         from torchrl_muzero.envs.atari import make_atari_env
 
