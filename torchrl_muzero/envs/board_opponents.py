@@ -63,40 +63,37 @@ def _move_values(board: tuple) -> list[int]:
     return out
 
 
-def num_positions() -> int:
-    """Reachable positions (finished ones included) the solver visited: 5,478 for tic-tac-toe."""
-    _move_table()
-    seen, stack = set(), [(0,) * NUM_CELLS]
+@functools.lru_cache(maxsize=1)
+def _reachable() -> tuple:
+    """Every position reachable from the empty board, as ``(board, finished)`` pairs."""
+    seen, out, stack = set(), [], [(0,) * NUM_CELLS]
     while stack:
         b = stack.pop()
         if b in seen:
             continue
         seen.add(b)
         stones = sum(1 for c in b if c)
-        if _won(b, 1) or _won(b, 2) or stones == NUM_CELLS:
-            continue
-        mover = 1 if stones % 2 == 0 else 2
-        stack.extend(b[:i] + (mover,) + b[i + 1:] for i in range(NUM_CELLS) if b[i] == 0)
-    return len(seen)
+        finished = _won(b, 1) or _won(b, 2) or stones == NUM_CELLS
+        out.append((b, finished))
+        if not finished:
+            mover = 1 if stones % 2 == 0 else 2
+            stack.extend(b[:i] + (mover,) + b[i + 1:] for i in range(NUM_CELLS) if b[i] == 0)
+    return tuple(out)
+
+
+def num_positions() -> int:
+    """Reachable positions (finished ones included) the solver visited: 5,478 for tic-tac-toe."""
+    return len(_reachable())
 
 
 @functools.lru_cache(maxsize=1)
 def _move_table() -> torch.Tensor:
     """``[3**9, 9]`` int8: the value of each move for the mover, indexed by the base-3 board code."""
     table = torch.full((3**NUM_CELLS, NUM_CELLS), _ILLEGAL, dtype=torch.int8)
-    stack, seen = [(0,) * NUM_CELLS], set()
-    while stack:
-        b = stack.pop()
-        if b in seen:
-            continue
-        seen.add(b)
-        stones = sum(1 for c in b if c)
-        if _won(b, 1) or _won(b, 2) or stones == NUM_CELLS:
-            continue
-        code = sum(c * 3**i for i, c in enumerate(b))
-        table[code] = torch.tensor(_move_values(b), dtype=torch.int8)
-        mover = 1 if stones % 2 == 0 else 2
-        stack.extend(b[:i] + (mover,) + b[i + 1:] for i in range(NUM_CELLS) if b[i] == 0)
+    for b, finished in _reachable():
+        if not finished:
+            code = sum(c * 3**i for i, c in enumerate(b))
+            table[code] = torch.tensor(_move_values(b), dtype=torch.int8)
     return table
 
 
