@@ -7,13 +7,11 @@ the checks made before hydra starts, not even hydra's ``outputs/`` folder.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import subprocess
 import sys
 import time
-import typing
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import torch
 
 from pipeline_utils import tiny_config
 from torchrl_muzero.trainers import SyncTrainer, load_config
-from torchrl_muzero.trainers.config_checks import RANGES
+from torchrl_muzero.trainers.config_checks import RANGES, _numeric_leaves
 from torchrl_muzero.trainers.hydra_entry import preflight
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,20 +165,8 @@ def test_good_command_lines_pass_preflight():
                            "optim.max_grad_norm=0", "train.checkpoint_interval=0", "+hydra.job.name=x"])
 
 
-def _numeric_keys(cls=None, prefix=""):
-    from torchrl_muzero.trainers.config import TrainConfig
-
-    cls = cls or TrainConfig
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[f.name]):
-            yield from _numeric_keys(hints[f.name], f"{prefix}{f.name}.")
-        elif hints[f.name] in (int, float):
-            yield f"{prefix}{f.name}"
-
-
 def test_every_numeric_key_has_a_range():
-    keys = set(_numeric_keys())
+    keys = {key for key, _ in _numeric_leaves(load_config())}
     assert keys == set(RANGES), (keys - set(RANGES), set(RANGES) - keys)
 
 

@@ -35,16 +35,14 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
     n = env_cfg.num_envs if num_envs is None else num_envs
     if n < 1:
         raise ValueError(f"num_envs must be >= 1, got {n}.")
-    if env_cfg.kind == "board":
-        if env_cfg.id not in BOARD_GAMES:
-            raise ValueError(f"env.kind='board' knows env.id in {BOARD_GAMES}, got {env_cfg.id!r}.")
+    check_env_id(env_cfg.id, env_cfg.kind)
+    if is_board_game(env_cfg):
         from torchrl_muzero.envs.tictactoe import TicTacToeEnv
 
         opening = env_cfg.random_opening_moves if training else 0
         env = TransformedEnv(TicTacToeEnv(n, random_opening_moves=opening), RewardSum())  # episode_reward: 1 won, 0 drawn
         env.set_seed(seed)
         return env
-    check_env_id(env_cfg.id, env_cfg.kind)
     if env_cfg.kind == "atari":
         from torchrl_muzero.envs.atari import make_atari_env
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from torchrl_muzero.envs.env_ids import is_board_game
 from torchrl_muzero.mcts import MCTSConfig
 from torchrl_muzero.modules import MuZeroMLPModel, MuZeroModel
 from torchrl_muzero.trainers.config import TrainConfig
@@ -84,7 +85,7 @@ def build_buffer(cfg: TrainConfig, seed: int | None = None):
         num_unroll_steps=b.num_unroll_steps,
         td_steps=b.td_steps,
         discount=cfg.mcts.discount,
-        two_player=cfg.env.kind == "board",  # self-play board games: rewards are the mover's
+        two_player=is_board_game(cfg.env),  # self-play board games: rewards are the mover's
         frame_stack=cfg.env.frame_stack if cfg.env.kind == "atari" else 1,
         alpha=b.alpha,
         beta=b.beta,

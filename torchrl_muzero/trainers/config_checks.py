@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+# config.py imports this module only inside load_config, so there is no import cycle
+from torchrl_muzero.trainers.config import ConfigError
+
 __all__ = ["Range", "RANGES", "check_ranges", "check_run_targets", "run_folder_of"]
 
 
@@ -180,12 +183,6 @@ def _numeric_leaves(cfg, prefix: str = ""):
             yield key, value
 
 
-def _error(message: str):
-    from torchrl_muzero.trainers.config import ConfigError
-
-    return ConfigError(message)
-
-
 def check_ranges(cfg) -> None:
     """Raise a ``ConfigError`` for the first value outside its range or rule.
 
@@ -199,9 +196,9 @@ def check_ranges(cfg) -> None:
     for key, value in _numeric_leaves(cfg):
         rule = RANGES.get(key)
         if rule is None:
-            raise _error(f"config key '{key}' has no range in config_checks.RANGES (a bug: add one).")
+            raise ConfigError(f"config key '{key}' has no range in config_checks.RANGES (a bug: add one).")
         if not rule.allows(value):
-            raise _error(f"config key '{key}' must be {rule.describe()}, got {value!r}.")
+            raise ConfigError(f"config key '{key}' must be {rule.describe()}, got {value!r}.")
     _check_rules(cfg)
 
 
@@ -211,27 +208,27 @@ def _check_rules(cfg) -> None:
     if t.frames_per_batch % cfg.env.num_envs:
         n = cfg.env.num_envs
         lower, upper = max(n, t.frames_per_batch // n * n), (t.frames_per_batch // n + 1) * n
-        raise _error(
+        raise ConfigError(
             f"config key 'train.frames_per_batch' must be a multiple of env.num_envs={n} (each collect steps "
             f"all envs together), got {t.frames_per_batch}: use {lower} or {upper}."
         )
     if ap.max_collect_inflight not in (0, ap.num_collector_actors):
         # torchrl's MultiAsyncCollector keeps exactly one collect in flight per worker
-        raise _error(
+        raise ConfigError(
             f"config key 'async_pipeline.max_collect_inflight' must be 0 or num_collector_actors "
             f"({ap.num_collector_actors}), got {ap.max_collect_inflight}: each collector worker has exactly one "
             "collect in flight; use fewer collector actors to collect less at once."
         )
     schedule = t.temperature_schedule
     if not schedule:
-        raise _error("config key 'train.temperature_schedule' must hold at least one [until_progress, multiplier] "
+        raise ConfigError("config key 'train.temperature_schedule' must hold at least one [until_progress, multiplier] "
                      "pair, got [].")
     last = 0.0
     for i, pair in enumerate(schedule):
         ok = isinstance(pair, (list, tuple)) and len(pair) == 2 and all(
             isinstance(x, (int, float)) and not isinstance(x, bool) for x in pair)
         if not ok or not (last < float(pair[0]) <= 1.0) or float(pair[1]) < 0:
-            raise _error(
+            raise ConfigError(
                 f"config key 'train.temperature_schedule' must be a list of [until_progress, multiplier] pairs with "
                 f"until_progress increasing in (0, 1] and multiplier >= 0; entry {i} is {pair!r}."
             )
@@ -240,7 +237,7 @@ def _check_rules(cfg) -> None:
         section, leaf = key.split(".")
         value = getattr(getattr(cfg, section), leaf)
         if not value.strip() or (key == "env.name" and ("/" in value or value in (".", ".."))):
-            raise _error(f"config key '{key}' must be a non-empty name{' without /' if key == 'env.name' else ''}, "
+            raise ConfigError(f"config key '{key}' must be a non-empty name{' without /' if key == 'env.name' else ''}, "
                          f"got {value!r}.")
 
 
@@ -250,19 +247,19 @@ def _check_device(name: str) -> None:
     if name == "auto" or (match and match.group(1) == "cpu"):
         return
     if match is None:
-        raise _error(f"config key 'device' must be auto, cpu, cuda, cuda:N or mps, got {name!r}.")
+        raise ConfigError(f"config key 'device' must be auto, cpu, cuda, cuda:N or mps, got {name!r}.")
     import torch
 
     kind, index = match.group(1), match.group(2)
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise _error(f"config key 'device' is {name!r}, but CUDA is not available on this machine: "
+            raise ConfigError(f"config key 'device' is {name!r}, but CUDA is not available on this machine: "
                          "use device=cpu or device=auto.")
         if index is not None and int(index) >= torch.cuda.device_count():
-            raise _error(f"config key 'device' is {name!r}, but this machine has {torch.cuda.device_count()} "
+            raise ConfigError(f"config key 'device' is {name!r}, but this machine has {torch.cuda.device_count()} "
                          f"CUDA device(s): use cuda:0 .. cuda:{torch.cuda.device_count() - 1}.")
     if kind == "mps" and not torch.backends.mps.is_available():
-        raise _error(f"config key 'device' is {name!r}, but MPS is not available on this machine.")
+        raise ConfigError(f"config key 'device' is {name!r}, but MPS is not available on this machine.")
 
 
 def _cuda_available() -> bool:
@@ -294,7 +291,7 @@ def _check_writable(folder: Path, key: str) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        raise _error(f"config key '{key}': the run folder {str(folder)!r} cannot be written "
+        raise ConfigError(f"config key '{key}': the run folder {str(folder)!r} cannot be written "
                      f"({err.strerror or err}).") from None
     finally:
         for path in created:
@@ -323,37 +320,37 @@ def check_run_targets(cfg) -> Optional[dict]:
     try:
         check_env_id(cfg.env.id, cfg.env.kind)
     except ValueError as err:
-        raise _error(f"config key 'env.id': {err}") from None
+        raise ConfigError(f"config key 'env.id': {err}") from None
     _check_device(cfg.device)
     for knob in ("collector_num_gpus", "evaluator_num_gpus"):
         value = getattr(cfg.async_pipeline, knob)
         if value > 0 and not _cuda_available():
-            raise _error(f"config key 'async_pipeline.{knob}' is {value}: GPU actors were asked for, but CUDA is "
+            raise ConfigError(f"config key 'async_pipeline.{knob}' is {value}: GPU actors were asked for, but CUDA is "
                          "not available on this machine (use 0).")
     backend = cfg.logger.backend
     package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(backend)
     if package and importlib.util.find_spec(package) is None:
-        raise _error(f"config key 'logger.backend' is {backend!r}, which needs the {package} package: "
+        raise ConfigError(f"config key 'logger.backend' is {backend!r}, which needs the {package} package: "
                      f"pip install {package} (or use logger.backend=csv).")
     if cfg.resume:
         folder = Path(cfg.resume)
         if not folder.exists():
-            raise _error(f"config key 'resume': the run folder {str(folder)!r} does not exist.")
+            raise ConfigError(f"config key 'resume': the run folder {str(folder)!r} does not exist.")
         if not folder.is_dir():
-            raise _error(f"config key 'resume': {str(folder)!r} is not a folder (resume takes a run folder, the "
+            raise ConfigError(f"config key 'resume': {str(folder)!r} is not a folder (resume takes a run folder, the "
                          "one holding ckpt/last.pt).")
         try:
             state = load_checkpoint(latest_checkpoint(folder))
         except CheckpointError as err:
-            raise _error(f"config key 'resume': {err}") from None
+            raise ConfigError(f"config key 'resume': {err}") from None
         _check_writable(folder, "resume")
         return state
     elif cfg.run_dir:
         folder = Path(cfg.run_dir)
         if folder.exists() and not folder.is_dir():
-            raise _error(f"config key 'run_dir': {str(folder)!r} is a file, not a folder.")
+            raise ConfigError(f"config key 'run_dir': {str(folder)!r} is a file, not a folder.")
         if folder.is_dir() and _holds_a_run(folder):
-            raise _error(f"config key 'run_dir': {str(folder)!r} already holds a run; continue it with "
+            raise ConfigError(f"config key 'run_dir': {str(folder)!r} already holds a run; continue it with "
                          f"resume={folder} or choose another run_dir.")
         _check_writable(folder, "run_dir")
     return None

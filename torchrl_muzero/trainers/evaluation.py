@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from torchrl_muzero.envs.env_ids import is_board_game
 from torchrl_muzero.mcts import MCTSConfig, MCTSPolicy
 
 __all__ = ["evaluate", "evaluate_with_stats"]
@@ -46,7 +47,7 @@ def evaluate_with_stats(model, env, mcts: MCTSConfig, env_cfg=None) -> tuple[lis
     (:func:`torchrl_muzero.envs.board_eval.evaluate_board`). Other envs:
     :func:`evaluate` and no extra metrics.
     """
-    if env_cfg is not None and env_cfg.kind == "board":
+    if env_cfg is not None and is_board_game(env_cfg):
         from torchrl_muzero.envs.board_eval import evaluate_board
 
         return evaluate_board(model, mcts, num_games=int(env.batch_size.numel()) if len(env.batch_size) else 1)
