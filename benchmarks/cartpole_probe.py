@@ -21,17 +21,12 @@ import numpy as np
 import torch
 
 from torchrl_muzero.mcts import search
-from torchrl_muzero.trainers.builders import build_buffer, build_model, mcts_config
-from torchrl_muzero.trainers.checkpoint import load_checkpoint
-from torchrl_muzero.trainers.config import load_config
+from torchrl_muzero.trainers.builders import build_buffer, mcts_config, model_from_checkpoint
 
 
 def load_model(path: Path):
-    state = load_checkpoint(path)
-    cfg = load_config(state["config"])
-    model = build_model(cfg, (4,), 2)
-    model.load_state_dict(state["model"])
-    return cfg, model.eval()
+    model, cfg = model_from_checkpoint(path)
+    return cfg, model
 
 
 @torch.no_grad()

@@ -94,19 +94,9 @@ def evaluate_board(model, mcts_config, num_games: int = 100, seed: int = 0) -> t
 
 def load_run_model(run_dir: str | Path, checkpoint: str = "last.pt"):
     """The model of a run folder's ``ckpt/<checkpoint>`` and the run's config."""
-    from torchrl_muzero.envs import env_spaces, make_env
-    from torchrl_muzero.trainers.builders import build_model
-    from torchrl_muzero.trainers.checkpoint import load_checkpoint
-    from torchrl_muzero.trainers.config import load_config
+    from torchrl_muzero.trainers.builders import model_from_checkpoint
 
-    state = load_checkpoint(Path(run_dir) / "ckpt" / checkpoint, map_location="cpu")
-    cfg = load_config(state["config"])
-    probe = make_env(cfg.env, num_envs=1, seed=0)
-    obs_shape, num_actions = env_spaces(probe)
-    probe.close()
-    model = build_model(cfg, obs_shape, num_actions)
-    model.load_state_dict(state["model"])
-    return model.eval(), cfg
+    return model_from_checkpoint(Path(run_dir) / "ckpt" / checkpoint)
 
 
 def main(argv=None) -> dict:

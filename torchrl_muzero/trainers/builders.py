@@ -8,7 +8,8 @@ from torchrl_muzero.mcts import MCTSConfig
 from torchrl_muzero.modules import MuZeroMLPModel, MuZeroModel
 from torchrl_muzero.trainers.config import TrainConfig
 
-__all__ = ["build_buffer", "build_model", "mcts_config", "resolve_device", "temperature_at"]
+__all__ = ["build_buffer", "build_model", "model_from_checkpoint", "mcts_config", "resolve_device",
+           "temperature_at"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -95,3 +96,20 @@ def build_buffer(cfg: TrainConfig, seed: int | None = None):
         with_future_observations=cfg.loss.consistency_loss_weight > 0,
         seed=cfg.seed if seed is None else seed,
     )
+
+
+def model_from_checkpoint(path) -> tuple[MuZeroModel, TrainConfig]:
+    """The model saved in a checkpoint file (``ckpt/last.pt``, ``best.pt``, ``model_v*.pt``), in eval mode,
+    and the config of the run that wrote it (the env is probed for the model's shapes)."""
+    from torchrl_muzero.envs import env_spaces, make_env
+    from torchrl_muzero.trainers.checkpoint import load_checkpoint
+    from torchrl_muzero.trainers.config import load_config
+
+    state = load_checkpoint(path, map_location="cpu")
+    cfg = load_config(state["config"])
+    probe = make_env(cfg.env, num_envs=1, seed=0)
+    obs_shape, num_actions = env_spaces(probe)
+    probe.close()
+    model = build_model(cfg, obs_shape, num_actions)
+    model.load_state_dict(state["model"])
+    return model.eval(), cfg
