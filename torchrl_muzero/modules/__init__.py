@@ -1,6 +1,7 @@
 from torchrl_muzero.modules.support import CategoricalSupport
+from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.model import MuZeroModel, scale_latent
 from torchrl_muzero.modules.mlp import MuZeroMLPModel
 from torchrl_muzero.modules.resnet import MuZeroResNetModel
 
-__all__ = ["CategoricalSupport", "MuZeroModel", "MuZeroMLPModel", "MuZeroResNetModel", "scale_latent"]
+__all__ = ["CategoricalSupport", "ModelStep", "MuZeroModel", "MuZeroMLPModel", "MuZeroResNetModel", "scale_latent"]

@@ -20,6 +20,7 @@ import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
 
+from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport, inverse_signed_hyperbolic
 
 __all__ = ["MuZeroModel", "scale_latent"]
@@ -199,6 +200,24 @@ class MuZeroModel(nn.Module):
         policy_logits, value_logits = self.predict(next_latent)
         reward, value = self.decode_reward_and_value(reward_logits, value_logits)
         return next_latent, reward, policy_logits, value
+
+    # -- the search's view (torchrl_muzero.modules.step) -------------------------
+    @torch.no_grad()
+    def search_root(self, observation: torch.Tensor) -> ModelStep:
+        """The root of a search: ``observation [B, *obs_shape]`` -> :class:`ModelStep` (reward 0).
+
+        Variants whose node state is more than the latent (an LSTM state, a
+        node type) override this and :meth:`search_step` together.
+        """
+        latent, policy_logits, value_logits = self.initial_inference(observation)
+        value = self.value_support.decode(value_logits)
+        return ModelStep(latent, torch.zeros_like(value), policy_logits, value)
+
+    @torch.no_grad()
+    def search_step(self, state, action: torch.Tensor) -> ModelStep:
+        """One interior step of the search: the new node below ``(state [B, ...], action [B])``."""
+        next_latent, reward, policy_logits, value = self.recurrent_inference_scalar(state, action)
+        return ModelStep(next_latent, reward, policy_logits, value)
 
     def decode_reward_and_value(
         self, reward_logits: torch.Tensor, value_logits: torch.Tensor
