@@ -1,7 +1,7 @@
-"""The batched MuZero search loop.
+"""MuZero's search policy, over the shared loop (:mod:`torchrl_muzero.mcts.loop`).
 
 One call searches ``B`` roots at once. Each simulation selects one leaf in
-every tree, calls the model's recurrent step once for the whole batch,
+every tree with pUCT, calls the model's search step once for the whole batch,
 expands and backs up in place. The tree bookkeeping runs either in the C++
 kernel (CPU) or in batched torch ops (any device); both give the same visit
 counts. With the C++ kernel, a ``MuZeroMLPModel`` with one hidden layer is
@@ -14,13 +14,15 @@ from dataclasses import dataclass
 import torch
 
 from torchrl_muzero.mcts import _cpp
-from torchrl_muzero.mcts.backup import expand_and_backup
 from torchrl_muzero.mcts.config import MCTSConfig
+from torchrl_muzero.mcts.loop import run_search, start_tree
 from torchrl_muzero.mcts.noise import sample_dirichlet
-from torchrl_muzero.mcts.select import select_leaves
-from torchrl_muzero.mcts.tree import Tree, allocate_tree
+from torchrl_muzero.mcts.rules import PUCT
+from torchrl_muzero.mcts.tree import Tree
+from torchrl_muzero.modules.step import ModelStep
 
-__all__ = ["SearchResult", "search", "search_from_root", "select_action"]
+__all__ = ["SearchResult", "check_action_mask", "muzero_search", "search", "search_from_root",
+           "select_action", "visit_result"]
 
 
 @dataclass
@@ -86,12 +88,35 @@ def _fused_mlp_weights(model, ops, tree: Tree):
     rounds differently from BLAS in the last bits, so near-tied choices can
     differ from the torch path (test/test_fused_search.py).
     """
-    if ops is None or not hasattr(ops, "mlp_search") or tree.embeddings.dtype != torch.float32:
+    if ops is None or not hasattr(ops, "mlp_search") or not isinstance(tree.embeddings, torch.Tensor):
+        return None
+    if tree.embeddings.dtype != torch.float32:
         return None
     get = getattr(model, "fused_search_weights", None)
     if get is None or tree.embeddings.dim() != 3:
         return None
     return get()
+
+
+def check_action_mask(action_mask: torch.Tensor | None, B: int, A: int, device) -> torch.Tensor:
+    """``[B, A]`` bool legal actions (all legal for ``None``); one clear error for a bad mask."""
+    if action_mask is None:
+        return torch.ones(B, A, dtype=torch.bool, device=device)
+    legal = action_mask.to(device=device, dtype=torch.bool)
+    if legal.shape != (B, A):
+        raise ValueError(f"action_mask must have shape [{B}, {A}], got {tuple(legal.shape)}.")
+    if not bool(legal.any(-1).all()):
+        raise ValueError("action_mask has a row with no legal action.")
+    return legal
+
+
+def visit_result(tree: Tree, temperature: float, generator: torch.Generator | None) -> SearchResult:
+    """MuZero's reading of a finished tree: the visit distribution and an action drawn from it."""
+    visit_counts = tree.root_child_visits()
+    search_policy = visit_counts.float() / visit_counts.sum(-1, keepdim=True).clamp_min(1)
+    root_mean = tree.value_sum[:, 0] / tree.visit_count[:, 0].clamp_min(1).float()
+    action = select_action(visit_counts, temperature, generator)
+    return SearchResult(visit_counts, search_policy, root_mean, action, tree)
 
 
 @torch.no_grad()
@@ -104,39 +129,51 @@ def search_from_root(
     two_player: bool = False,
     add_noise: bool = True,
     generator: torch.Generator | None = None,
+    root_value: torch.Tensor | None = None,
 ) -> SearchResult:
-    """Search from already-computed root outputs (the latent and policy logits of
-    ``model.initial_inference``).
+    """MuZero search from already-computed root outputs (``model.initial_inference``'s latent and logits).
 
     The root's own value estimate is not needed: the root is not backed up
     with it (MuZero pseudocode), and its reported value is the mean return of
-    the simulations.
+    the simulations (``root_value`` only fills ``tree.raw_value[:, 0]``).
     """
     B, A = root_policy_logits.shape
-    device = root_latent.device
-    if action_mask is None:
-        legal = torch.ones(B, A, dtype=torch.bool, device=device)
-    else:
-        legal = action_mask.to(device=device, dtype=torch.bool)
-        if legal.shape != (B, A):
-            raise ValueError(f"action_mask must have shape [{B}, {A}], got {tuple(legal.shape)}.")
-        if not bool(legal.any(-1).all()):
-            raise ValueError("action_mask has a row with no legal action.")
-    discount = -config.discount if two_player else config.discount
+    value = root_value if root_value is not None else torch.zeros(B, device=root_latent.device)
+    root = ModelStep(root_latent, torch.zeros_like(value), root_policy_logits, value)
+    return muzero_search(model, root, config, action_mask, two_player, add_noise, generator)
 
-    tree = allocate_tree(B, config.num_simulations, A, root_latent.shape[1:], device, root_latent.dtype)
-    tree.root_legal.copy_(legal)
-    prior = torch.softmax(root_policy_logits.float().masked_fill(~legal, float("-inf")), -1)
+
+def muzero_search(
+    model,
+    root: ModelStep,
+    config: MCTSConfig,
+    action_mask: torch.Tensor | None = None,
+    two_player: bool = False,
+    add_noise: bool = True,
+    generator: torch.Generator | None = None,
+) -> SearchResult:
+    """MuZero's policy over the shared loop: Dirichlet-noised root priors, pUCT everywhere, visit counts.
+
+    ``root`` is the model's :meth:`search_root` output; ``model.search_step``
+    expands the tree. EfficientZero runs this same policy with its own model
+    step (the value-prefix LSTM lives in the node state).
+    """
+    B, A = root.policy_logits.shape
+    device = root.policy_logits.device
+    legal = check_action_mask(action_mask, B, A, device)
+    discount = -config.discount if two_player else config.discount
+    tree = start_tree(root, config.num_simulations, legal, discount)
     if add_noise and config.dirichlet_fraction > 0:
         noise = sample_dirichlet(config.dirichlet_alpha, legal, generator)
-        prior = (1 - config.dirichlet_fraction) * prior + config.dirichlet_fraction * noise
-    tree.children_prior[:, 0] = prior
-    tree.embeddings[:, 0] = root_latent
+        tree.children_prior[:, 0] = (
+            (1 - config.dirichlet_fraction) * tree.children_prior[:, 0] + config.dirichlet_fraction * noise
+        )
 
     ops = _resolve_backend(config, device)
     fused = _fused_mlp_weights(model, ops, tree)
     if fused is not None:
-        # Every simulation in one C++ call (select, network, expand, backup).
+        # Every simulation in one C++ call (select, network, expand, backup). It fills
+        # the arrays pUCT reads; raw_value / children_logits stay as the root left them.
         tensors, reward_eps, value_eps = fused
         ops.mlp_search(
             tree.visit_count, tree.value_sum, tree.parent, tree.action_from_parent, tree.children_index,
@@ -144,24 +181,9 @@ def search_from_root(
             tree.embeddings, tensors, reward_eps, value_eps, config.pb_c_base, config.pb_c_init, discount,
         )
     else:
-        # the same loop over either implementation of the tree bookkeeping
-        select, backup = (_cpp.cpp_select, _cpp.cpp_expand_and_backup) if ops is not None else (
-            select_leaves, expand_and_backup)
-        rows = torch.arange(B, device=device)
-        for sim in range(config.num_simulations):
-            node_index = sim + 1
-            leaf_node, leaf_action = select(tree, config.pb_c_base, config.pb_c_init, discount)
-            latent = tree.embeddings[rows, leaf_node]
-            next_latent, reward, policy_logits, value = model.recurrent_inference_scalar(latent, leaf_action)
-            tree.embeddings[:, node_index] = next_latent
-            child_prior = torch.softmax(policy_logits.float(), -1)
-            backup(tree, node_index, leaf_node, leaf_action, reward.float(), value.float(), child_prior, discount)
-
-    visit_counts = tree.root_child_visits()
-    search_policy = visit_counts.float() / visit_counts.sum(-1, keepdim=True).clamp_min(1)
-    root_mean = tree.value_sum[:, 0] / tree.visit_count[:, 0].clamp_min(1).float()
-    action = select_action(visit_counts, config.temperature, generator)
-    return SearchResult(visit_counts, search_policy, root_mean, action, tree)
+        rule = PUCT(config.pb_c_base, config.pb_c_init)
+        run_search(tree, model.search_step, config.num_simulations, rule, rule, discount, ops)
+    return visit_result(tree, config.temperature, generator)
 
 
 @torch.no_grad()
@@ -205,11 +227,10 @@ def search(
             f"got {tuple(observation.shape)}."
         )
     device = next(model.parameters()).device
-    latent, policy_logits, _ = model.initial_inference(observation.to(device))
-    return search_from_root(
+    root = model.search_root(observation.to(device))
+    return muzero_search(
         model,
-        latent,
-        policy_logits,
+        root,
         config,
         action_mask=None if action_mask is None else action_mask.to(device),
         two_player=to_play is not None,

@@ -8,16 +8,29 @@ Per node ``[B, N]``:
     ``visit_count`` (int32), ``value_sum`` (float32, from the point of view of
     the player to move at that node), ``parent`` (int32, -1 at the root),
     ``action_from_parent`` (int32, -1 at the root).
+    ``raw_value`` (float32): the network's own value of the node when it was
+    expanded (Gumbel MuZero's mixed value needs it; the search statistics
+    are ``value_sum / visit_count``).
 Per edge ``[B, N, A]``:
     ``children_index`` (int32, -1 while the edge is unexpanded),
-    ``children_prior`` (float32), ``children_reward`` (float32, the reward the
-    dynamics predicted for taking that action, from the mover's point of view).
+    ``children_prior`` (float32, what pUCT reads: the softmax of the logits,
+    with root noise mixed in), ``children_logits`` (float32, the network's
+    prior logits; ``-inf`` marks an edge no rule may select),
+    ``children_reward`` (float32, the reward the dynamics predicted for taking
+    that action, from the mover's point of view), ``children_discount``
+    (float32, the discount of that edge: the search's discount unless the
+    model step returned its own, e.g. 1 on Stochastic MuZero's
+    decision-to-chance edges).
 Per tree ``[B]``:
     ``min_q`` / ``max_q`` (float32): the min-max statistics of every edge value
     ``q = reward + discount * value(child)`` seen in the tree (MuZero appendix
     B); ``+inf`` / ``-inf`` before the first backup.
 Per root ``[B, A]``: ``root_legal`` (bool).
-Per node embeddings ``[B, N, *latent_shape]`` (the model's latent states).
+Per node ``embeddings``: the model's node states, a tensor
+``[B, N, *latent_shape]`` or a TensorDict of batch ``[B, N]`` (the
+``state`` of :class:`~torchrl_muzero.modules.ModelStep`).
+``extra``: the one slot for a variant's own data (a dict of tensors with
+leading dim ``B``: root Gumbel noise, the considered-visit table, ...).
 
 ``discount`` is the search discount; in two-player zero-sum games it is
 negated, so that ``q = r + discount * v`` turns the child's value (its own
@@ -25,9 +38,10 @@ mover's view) into the parent's view (mctx's convention).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
+from tensordict import TensorDictBase
 
 __all__ = ["Tree", "allocate_tree"]
 
@@ -57,7 +71,11 @@ class Tree:
     min_q: torch.Tensor
     max_q: torch.Tensor
     root_legal: torch.Tensor
-    embeddings: torch.Tensor
+    embeddings: torch.Tensor | TensorDictBase
+    raw_value: torch.Tensor | None = None
+    children_logits: torch.Tensor | None = None
+    children_discount: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -80,7 +98,28 @@ class Tree:
         return child_visits(self, 0)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every tensor field by name (``extra`` and absent optional fields left out)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (torch.Tensor, TensorDictBase)):
+                out[f.name] = value
+        return out
+
+    def child_values(self, node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(q [B, A], visits [B, A], expanded [B, A])`` of the edges below ``node [B]``.
+
+        ``q = reward + discount * value(child)`` with each edge's own discount;
+        ``q`` of an unexpanded edge is its reward alone (callers mask it).
+        """
+        rows = torch.arange(self.batch_size, device=node.device)
+        child = self.children_index[rows, node].long()
+        expanded = child >= 0
+        safe = child.clamp_min(0)
+        visits = torch.where(expanded, self.visit_count.gather(1, safe), 0).float()
+        value = self.value_sum.gather(1, safe) / visits.clamp_min(1.0)
+        q = self.children_reward[rows, node] + self.children_discount[rows, node] * value
+        return q, visits, expanded
 
 
 def child_visits(tree: Tree, node: int) -> torch.Tensor:
@@ -94,14 +133,29 @@ def allocate_tree(
     batch_size: int,
     num_simulations: int,
     num_actions: int,
-    latent_shape: torch.Size,
+    latent_shape: torch.Size | None,
     device: torch.device,
     latent_dtype: torch.dtype = torch.float32,
+    discount: float = 1.0,
+    root_state: torch.Tensor | TensorDictBase | None = None,
 ) -> Tree:
-    """Preallocate the arrays of ``batch_size`` trees of ``num_simulations + 1`` nodes."""
+    """Preallocate the arrays of ``batch_size`` trees of ``num_simulations + 1`` nodes.
+
+    ``discount`` fills ``children_discount`` (edges keep it unless a model step
+    returns its own). With ``root_state`` (a tensor ``[B, ...]`` or a TensorDict
+    of batch ``[B]``) the node states take its structure and it is stored as
+    node 0; otherwise they are a tensor of ``latent_shape``.
+    """
     B, N, A = batch_size, num_simulations + 1, num_actions
     i32 = dict(dtype=torch.int32, device=device)
     f32 = dict(dtype=torch.float32, device=device)
+    if root_state is None:
+        embeddings = torch.zeros(B, N, *latent_shape, dtype=latent_dtype, device=device)
+    elif isinstance(root_state, TensorDictBase):
+        embeddings = root_state.unsqueeze(1).expand(B, N).clone()
+    else:
+        embeddings = torch.empty(B, N, *root_state.shape[1:], dtype=root_state.dtype, device=device)
+        embeddings[:, 0] = root_state
     return Tree(
         visit_count=torch.zeros(B, N, **i32),
         value_sum=torch.zeros(B, N, **f32),
@@ -113,5 +167,8 @@ def allocate_tree(
         min_q=torch.full((B,), float("inf"), **f32),
         max_q=torch.full((B,), float("-inf"), **f32),
         root_legal=torch.ones(B, A, dtype=torch.bool, device=device),
-        embeddings=torch.zeros(B, N, *latent_shape, dtype=latent_dtype, device=device),
+        embeddings=embeddings,
+        raw_value=torch.zeros(B, N, **f32),
+        children_logits=torch.zeros(B, N, A, **f32),
+        children_discount=torch.full((B, N, A), float(discount), **f32),
     )
