@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDict
 
 from torchrl_muzero.modules import MuZeroMLPModel
-from torchrl_muzero.objectives import MuZeroLoss
+from torchrl_muzero.objectives import LossTerm, MuZeroLoss, UnrolledModelLoss
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, "fixtures", "muzero_loss_golden.pt")
@@ -99,6 +99,107 @@ def test_muzero_loss_matches_golden_bit_for_bit(name):
         assert now[key].dtype == expected.dtype and now[key].shape == expected.shape, key
         assert torch.equal(now[key], expected), (key, now[key], expected)
 
+
+
+def test_policy_loss_kl_is_cross_entropy_minus_target_entropy_with_the_same_gradient():
+    results = {}
+    for kind in ("cross_entropy", "kl"):
+        loss, batch = build_case("weights_masks", policy_loss=kind, reduction="none")
+        out = loss(batch)
+        out["loss_policy"].sum().backward()
+        results[kind] = (out, {n: p.grad for n, p in loss.named_parameters() if p.grad is not None}, batch)
+    (ce, ce_grads, batch), (kl, kl_grads, _) = results["cross_entropy"], results["kl"]
+    target = batch["target_policy"] * batch["policy_mask"][..., None]
+    entropy = -torch.xlogy(target, target).sum(-1)  # [B, K+1]
+    K = batch.shape[1] - 1
+    scale = torch.tensor([1.0] + [1.0 / K] * K)
+    weight = batch["weight"][:, 0]
+    expected = ce["loss_policy"] - 1.5 * weight * (entropy * scale).sum(1)
+    torch.testing.assert_close(kl["loss_policy"], expected)
+    assert (kl["loss_policy"] >= -1e-6).all()
+    for key in ("loss_value", "loss_reward"):
+        assert torch.equal(kl[key], ce[key])
+    for name in ce_grads:
+        torch.testing.assert_close(kl_grads[name], ce_grads[name])
+
+
+def test_policy_loss_kl_is_zero_at_a_perfect_fit():
+    torch.manual_seed(0)
+    model = MuZeroMLPModel(OBS, A, latent_dim=8, hidden_dim=8, zero_init_heads=True)  # uniform policy
+    _, batch = build_case("default")
+    batch["target_policy"] = torch.full_like(batch["target_policy"], 1.0 / A)
+    out = MuZeroLoss(model, policy_loss="kl")(batch)
+    assert abs(out["loss_policy"].item()) < 1e-6
+    ce = MuZeroLoss(model)(batch)["loss_policy"]
+    torch.testing.assert_close(ce, torch.log(torch.tensor(float(A))) * 2.0)  # root 1 + K * 1/K
+
+
+class _LatentNormLoss(MuZeroLoss):
+    """A toy variant: MuZero plus a mean-square penalty on the unrolled latents."""
+
+    def __init__(self, model, latent_loss_weight=0.5, **kwargs):
+        super().__init__(model, **kwargs)
+        self.latent_loss_weight = latent_loss_weight
+
+    def term_names(self):
+        return super().term_names() + ["latent"]
+
+    def _step_terms(self, inputs, unrolled):
+        terms = super()._step_terms(inputs, unrolled)
+        values = torch.stack(unrolled["latents"], 1).pow(2).mean(-1)  # [B, K]
+        terms["latent"] = LossTerm(values, inputs["mask"][:, 1:])
+        return terms
+
+
+def test_a_variant_adds_a_term_and_the_base_scales_weights_and_reduces_it():
+    loss, batch = build_case("weights_masks")
+    plain = loss(batch.clone())
+    variant = _LatentNormLoss(loss.model, latent_loss_weight=0.5, value_loss_weight=0.3,
+                              reward_loss_weight=0.7, policy_loss_weight=1.5)
+    assert variant.out_keys[:4] == ["loss_value", "loss_reward", "loss_policy", "loss_latent"]
+    out = variant(batch.clone())
+    assert set(out.keys()) == set(variant.out_keys)
+    for key in plain.keys():
+        assert torch.equal(out[key], plain[key]), key
+    with torch.no_grad():
+        latent, K = loss.model.initial_inference(batch["observation"][:, 0])[0], batch.shape[1] - 1
+        values = []
+        for k in range(K):
+            latent = loss.model.recurrent_inference(latent, batch["action"][:, k])[0]
+            values.append(latent.pow(2).mean(-1))
+        per_sample = (torch.stack(values, 1) * batch["mask"][:, 1:]).sum(1) / K
+    expected = 0.5 * (per_sample * batch["weight"][:, 0]).mean()
+    torch.testing.assert_close(out["loss_latent"], expected)
+
+
+def test_terms_must_match_term_names():
+    class Broken(MuZeroLoss):
+        def term_names(self):
+            return ["value", "policy"]
+
+    loss, batch = build_case("default")
+    broken = Broken(loss.model)
+    with pytest.raises(RuntimeError, match="term_names"):
+        broken(batch)
+
+
+def test_each_variant_keeps_its_own_accepted_keys():
+    base_fields = set(UnrolledModelLoss._AcceptedKeys.__dataclass_fields__)
+    muzero_fields = set(MuZeroLoss._AcceptedKeys.__dataclass_fields__)
+    assert muzero_fields == base_fields | {"target_reward"}
+    loss, batch = build_case("default")
+    loss.set_keys(target_reward="r")
+    assert loss.tensor_keys.target_reward == "r" and "r" in loss.in_keys
+    assert UnrolledModelLoss._AcceptedKeys().target_value == "target_value"
+    with pytest.raises(ValueError, match="'r'"):
+        loss(batch)
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(policy_loss="mse"), "policy_loss"),
+                                          (dict(reward_loss_weight=-1.0), "reward_loss_weight")])
+def test_bad_base_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build_case("default", **kwargs)
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # as in test/conftest.py: the summation order depends on it

@@ -4,67 +4,26 @@ The model is unrolled ``K`` steps from the root observation along the actions
 that were actually taken; at every position the predicted value, reward and
 policy are matched against the targets the replay buffer built. Optionally,
 EfficientZero's self-supervised consistency loss ties the unrolled latents to
-the representation of the real observations.
+the representation of the real observations. The pipeline and the shared terms
+live in :class:`~torchrl_muzero.objectives.unrolled.UnrolledModelLoss`; this
+class adds the reward term and its key.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torch import nn
-from torch.nn import functional as F
-from torchrl.objectives.common import LossModule
+
+from torchrl_muzero.objectives.terms import LossTerm, scale_gradient
+from torchrl_muzero.objectives.unrolled import UnrolledModelLoss
 
 __all__ = ["MuZeroLoss", "scale_gradient"]
 
 
-def scale_gradient(tensor: torch.Tensor, scale: float) -> torch.Tensor:
-    """Identity in the forward pass; multiplies the backward gradient by ``scale``.
-
-    ``scale_gradient(x, s) = x * s + x.detach() * (1 - s)`` (MuZero appendix G).
-
-    Examples:
-        >>> import torch
-        >>> from torchrl_muzero.objectives import scale_gradient
-        >>> x = torch.ones(3, requires_grad=True)
-        >>> y = scale_gradient(x, 0.5)
-        >>> torch.equal(y, x)
-        True
-        >>> y.sum().backward()
-        >>> x.grad
-        tensor([0.5000, 0.5000, 0.5000])
-    """
-    if scale == 1.0:
-        return tensor
-    return tensor * scale + tensor.detach() * (1.0 - scale)
-
-
-def _default_projector(in_dim: int, hidden_dim: int, out_dim: int) -> nn.Module:
-    # LayerNorm rather than SimSiam's BatchNorm: it behaves the same in train and
-    # eval mode and does not fail on a batch of one.
-    return nn.Sequential(
-        nn.Flatten(1),
-        nn.Linear(in_dim, hidden_dim),
-        nn.LayerNorm(hidden_dim),
-        nn.ReLU(),
-        nn.Linear(hidden_dim, out_dim),
-        nn.LayerNorm(out_dim),
-    )
-
-
-def _default_predictor(dim: int, hidden_dim: int) -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(dim, hidden_dim),
-        nn.LayerNorm(hidden_dim),
-        nn.ReLU(),
-        nn.Linear(hidden_dim, dim),
-    )
-
-
-class MuZeroLoss(LossModule):
+class MuZeroLoss(UnrolledModelLoss):
     """MuZero's K-step unrolled loss, with EfficientZero's optional consistency loss.
 
     The root latent is ``latent_0 = h(observation[:, 0])``; for ``k = 1..K`` the
@@ -77,7 +36,8 @@ class MuZeroLoss(LossModule):
     * for ``k >= 1``, the reward cross-entropy against ``target_reward[:, k]``
       (the reward of the transition into position ``k``, where ``mask[:, k]``),
     * the policy cross-entropy ``-sum(target_policy * log_softmax(logits))``
-      (where ``policy_mask[:, k]``),
+      (where ``policy_mask[:, k]``), or with ``policy_loss="kl"`` the
+      KL divergence ``KL(target_policy || softmax(logits))`` (same gradient),
 
     and the terms of positions ``k >= 1`` are multiplied by ``1 / K`` so the
     dynamics receive the same gradient whatever the unroll length (MuZero scales
@@ -108,6 +68,9 @@ class MuZeroLoss(LossModule):
             0 (default) turns it off.
         latent_grad_scale (float): gradient scale applied to the latent at the
             start of every dynamics step, in ``[0, 1]``. Defaults to 0.5.
+        policy_loss (str): ``"cross_entropy"`` (default) or ``"kl"``
+            (LightZero's Gumbel MuZero). KL's value is the cross-entropy minus
+            the target policy's entropy; the gradient is the same.
         projector (nn.Module, optional): maps latents ``[N, *latent_shape]``
             to projections ``[N, D]``. Defaults to Flatten-Linear-LayerNorm-ReLU-
             Linear-LayerNorm built from the flattened latent size (found by
@@ -187,42 +150,21 @@ class MuZeroLoss(LossModule):
     """
 
     @dataclass
-    class _AcceptedKeys:
+    class _AcceptedKeys(UnrolledModelLoss._AcceptedKeys):
         """Maintains default values for all configurable tensordict keys.
 
         This class defines which tensordict keys can be set using
-        ``.set_keys(key_name=key_value)`` and their default values.
+        ``.set_keys(key_name=key_value)`` and their default values: those of
+        :class:`UnrolledModelLoss._AcceptedKeys` (``observation``, ``action``,
+        ``target_value``, ``target_policy``, ``mask``, ``policy_mask``,
+        ``weight``, ``priority``) and
 
         Attributes:
-            observation (NestedKey): observations ``[B, K+1, *obs_shape]``.
-                Defaults to ``"observation"``.
-            action (NestedKey): actions ``[B, K+1]`` or one-hot
-                ``[B, K+1, A]``. Defaults to ``"action"``.
-            target_reward (NestedKey): reward targets ``[B, K+1]``.
-                Defaults to ``"target_reward"``.
-            target_value (NestedKey): value targets ``[B, K+1]``.
-                Defaults to ``"target_value"``.
-            target_policy (NestedKey): policy targets ``[B, K+1, A]``.
-                Defaults to ``"target_policy"``.
-            mask (NestedKey): value / reward validity ``[B, K+1]``.
-                Defaults to ``"mask"``.
-            policy_mask (NestedKey): policy validity ``[B, K+1]``.
-                Defaults to ``"policy_mask"``.
-            weight (NestedKey): optional importance-sampling weights ``[B]``.
-                Defaults to ``"weight"``.
-            priority (NestedKey): where the new priorities are written in the
-                input tensordict. Defaults to ``"priority"``.
+            target_reward (NestedKey): reward targets ``[B, K+1]`` (index 0
+                unused). Defaults to ``"target_reward"``.
         """
 
-        observation: NestedKey = "observation"
-        action: NestedKey = "action"
         target_reward: NestedKey = "target_reward"
-        target_value: NestedKey = "target_value"
-        target_policy: NestedKey = "target_policy"
-        mask: NestedKey = "mask"
-        policy_mask: NestedKey = "policy_mask"
-        weight: NestedKey = "weight"
-        priority: NestedKey = "priority"
 
     tensor_keys: _AcceptedKeys
     default_keys = _AcceptedKeys
@@ -236,6 +178,15 @@ class MuZeroLoss(LossModule):
         "mask",
         "policy_mask",
     )
+    _SCALAR_TARGETS = (("target_value", 0), ("target_reward", 1))
+    _MODEL_ATTRS = (
+        "initial_inference",
+        "recurrent_inference",
+        "value_support",
+        "reward_support",
+        "num_actions",
+        "observation_shape",
+    )
 
     def __init__(
         self,
@@ -246,6 +197,7 @@ class MuZeroLoss(LossModule):
         policy_loss_weight: float = 1.0,
         consistency_loss_weight: float = 0.0,
         latent_grad_scale: float = 0.5,
+        policy_loss: str = "cross_entropy",
         projector: nn.Module | None = None,
         predictor: nn.Module | None = None,
         projection_dim: int = 256,
@@ -254,354 +206,48 @@ class MuZeroLoss(LossModule):
         reduction: str = "mean",
         check_inputs: bool = True,
     ) -> None:
-        super().__init__()
-        missing = [
-            name
-            for name in (
-                "initial_inference",
-                "recurrent_inference",
-                "value_support",
-                "reward_support",
-                "num_actions",
-                "observation_shape",
-            )
-            if not hasattr(model, name)
-        ]
-        if not isinstance(model, nn.Module) or missing:
+        if getattr(model, "predicts_value_prefix", False):
             raise ValueError(
-                "MuZeroLoss expects a MuZeroModel (an nn.Module with initial_inference, "
-                "recurrent_inference, value_support, reward_support, num_actions and "
-                f"observation_shape); got {type(model).__name__}"
-                + (f" lacking {missing}." if missing else ".")
+                f"MuZeroLoss: {type(model).__name__} predicts value prefixes, not rewards; "
+                "train it with EfficientZeroLoss."
             )
-        for name, value in (
-            ("value_loss_weight", value_loss_weight),
-            ("reward_loss_weight", reward_loss_weight),
-            ("policy_loss_weight", policy_loss_weight),
-            ("consistency_loss_weight", consistency_loss_weight),
-        ):
-            if not (float(value) >= 0.0 and float(value) < float("inf")):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}.")
-        if not 0.0 <= float(latent_grad_scale) <= 1.0:
-            raise ValueError(f"latent_grad_scale must lie in [0, 1], got {latent_grad_scale}.")
-        if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}.")
-        for name, value in (
-            ("projection_dim", projection_dim),
-            ("projection_hidden_dim", projection_hidden_dim),
-            ("prediction_hidden_dim", prediction_hidden_dim),
-        ):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}.")
-
-        self.model = model
-        self.value_loss_weight = float(value_loss_weight)
-        self.reward_loss_weight = float(reward_loss_weight)
-        self.policy_loss_weight = float(policy_loss_weight)
-        self.consistency_loss_weight = float(consistency_loss_weight)
-        self.latent_grad_scale = float(latent_grad_scale)
-        self.reduction = reduction
-        self.check_inputs = bool(check_inputs)
-
-        if self.consistency_loss_weight > 0 or projector is not None or predictor is not None:
-            if projector is None:
-                projector = _default_projector(
-                    self._latent_numel(model), int(projection_hidden_dim), int(projection_dim)
-                )
-            if predictor is None:
-                predictor = _default_predictor(int(projection_dim), int(prediction_hidden_dim))
-        self.projector = projector
-        self.predictor = predictor
-        self._in_keys = None
-
-    @staticmethod
-    def _latent_numel(model: nn.Module) -> int:
-        """Size of one flattened latent, found by one representation pass."""
-        device = next(itertools.chain(model.parameters(), model.buffers())).device
-        modes = {module: module.training for module in model.modules()}
-        model.eval()  # no batch-norm statistics update, no batch-of-one failure
-        try:
-            with torch.no_grad():
-                latent = model.initial_inference(
-                    torch.zeros(1, *model.observation_shape, device=device)
-                )[0]
-        finally:
-            for module, mode in modes.items():
-                module.training = mode
-        return int(latent[0].numel())
-
-    # -- keys ------------------------------------------------------------------
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        self._set_in_keys()
-
-    def _set_in_keys(self) -> None:
-        keys = self.tensor_keys
-        self._in_keys = [getattr(keys, name) for name in self._REQUIRED] + [keys.weight]
-
-    @property
-    def in_keys(self):
-        if self._in_keys is None:
-            self._set_in_keys()
-        return self._in_keys
-
-    @in_keys.setter
-    def in_keys(self, value):
-        self._in_keys = list(value)
-
-    @property
-    def out_keys(self):
-        keys = ["loss_value", "loss_reward", "loss_policy"]
-        if self.consistency_loss_weight > 0:
-            keys.append("loss_consistency")
-        return keys + ["priority", "value_prediction", "value_error", "policy_entropy"]
-
-    @out_keys.setter
-    def out_keys(self, value):
-        raise AttributeError("MuZeroLoss.out_keys is fixed by its configuration.")
-
-    # -- input reading -----------------------------------------------------------
-    def _read_inputs(self, tensordict: TensorDictBase) -> dict:
-        keys = self.tensor_keys
-        missing = [
-            f"{name}={getattr(keys, name)!r}"
-            for name in self._REQUIRED
-            if tensordict.get(getattr(keys, name), None) is None
-        ]
-        if missing:
-            raise ValueError(
-                f"MuZeroLoss: the input tensordict lacks the entries {missing} "
-                f"(use set_keys to rename); it has {sorted(map(str, tensordict.keys(True, True)))}."
-            )
-        model = self.model
-        obs = tensordict.get(keys.observation)
-        batch_shape = model.check_observation(obs)
-        if len(batch_shape) != 2:
-            raise ValueError(
-                f"MuZeroLoss: '{keys.observation}' must be [B, K+1, "
-                f"{', '.join(map(str, model.observation_shape))}], got {tuple(obs.shape)}."
-            )
-        B, K1 = batch_shape
-        if K1 < 2:
-            raise ValueError(
-                f"MuZeroLoss needs at least one unroll step (K+1 >= 2 positions), got K+1 = {K1}."
-            )
-        A = model.num_actions
-
-        def per_position(name: str) -> torch.Tensor:
-            value = tensordict.get(getattr(keys, name))
-            if value.shape == (B, K1, 1):
-                value = value.squeeze(-1)
-            if value.shape != (B, K1):
-                raise ValueError(
-                    f"MuZeroLoss: '{getattr(keys, name)}' must have shape [B, K+1] = "
-                    f"[{B}, {K1}] (from the observation), got {tuple(value.shape)}."
-                )
-            return value
-
-        action = tensordict.get(keys.action)
-        if action.ndim == 3 and action.shape[:2] == (B, K1) and action.shape[-1] == A and (
-            action.dtype.is_floating_point or action.dtype == torch.bool or A > 1
-        ):
-            action = action.argmax(-1)  # one-hot
-        elif action.shape == (B, K1, 1) and not action.dtype.is_floating_point:
-            action = action.squeeze(-1)
-        if action.shape != (B, K1) or action.dtype.is_floating_point or action.dtype == torch.bool:
-            raise ValueError(
-                f"MuZeroLoss: '{keys.action}' must be integer indices [B, K+1] = [{B}, {K1}] "
-                f"or one-hot [{B}, {K1}, {A}], got shape {tuple(action.shape)} of dtype {action.dtype}."
-            )
-
-        target_policy = tensordict.get(keys.target_policy)
-        if target_policy.shape != (B, K1, A):
-            raise ValueError(
-                f"MuZeroLoss: '{keys.target_policy}' must have shape [B, K+1, num_actions] = "
-                f"[{B}, {K1}, {A}], got {tuple(target_policy.shape)}"
-                + (
-                    f" (last dimension {target_policy.shape[-1]} != model.num_actions = {A})."
-                    if target_policy.ndim == 3 and target_policy.shape[:2] == (B, K1)
-                    else "."
-                )
-            )
-        mask = per_position("mask")
-        policy_mask = per_position("policy_mask")
-        mask = mask if mask.dtype == torch.bool else mask != 0
-        policy_mask = policy_mask if policy_mask.dtype == torch.bool else policy_mask != 0
-
-        weight = tensordict.get(keys.weight, None)
-        if weight is not None:
-            if weight.shape in ((B, 1), (B, K1)):
-                weight = weight[:, 0]
-            if weight.shape != (B,):
-                raise ValueError(
-                    f"MuZeroLoss: '{keys.weight}' must have shape [B] = [{B}] (or [B, 1] / "
-                    f"[B, K+1]), got {tuple(weight.shape)}."
-                )
-
-        inputs = dict(
-            observation=obs,
-            action=action,
-            target_reward=per_position("target_reward"),
-            target_value=per_position("target_value"),
-            target_policy=target_policy,
-            mask=mask,
-            policy_mask=policy_mask,
-            weight=weight,
-        )
-        if self.check_inputs:
-            self._check_values(inputs)
-        return inputs
-
-    def _check_values(self, inputs: dict) -> None:
-        keys = self.tensor_keys
-        mask, policy_mask = inputs["mask"], inputs["policy_mask"]
-        checks = (
-            ("target_value", inputs["target_value"][mask]),
-            ("target_reward", inputs["target_reward"][:, 1:][mask[:, 1:]]),
-            ("target_policy", inputs["target_policy"][policy_mask]),
-        )
-        for name, valid in checks:
-            if not bool(torch.isfinite(valid).all()):
-                raise ValueError(
-                    f"MuZeroLoss: '{getattr(keys, name)}' holds NaN or infinite values at "
-                    f"unmasked positions ({int((~torch.isfinite(valid)).sum())} entries)."
-                )
-        policies = checks[2][1]
-        if policies.numel():
-            if bool((policies < 0).any()):
-                raise ValueError(
-                    f"MuZeroLoss: '{keys.target_policy}' has negative probabilities at "
-                    "unmasked positions."
-                )
-            sums = policies.sum(-1)
-            if not bool(((sums - 1).abs() <= 1e-3).all()):
-                raise ValueError(
-                    f"MuZeroLoss: '{keys.target_policy}' rows must sum to 1 where "
-                    f"'{keys.policy_mask}' is true; found sums in "
-                    f"[{float(sums.min()):.4g}, {float(sums.max()):.4g}]."
-                )
-        weight = inputs["weight"]
-        if weight is not None and not bool((torch.isfinite(weight) & (weight >= 0)).all()):
-            raise ValueError(
-                f"MuZeroLoss: '{keys.weight}' must be finite and >= 0."
-            )
-        obs = inputs["observation"]
-        if obs.is_floating_point():
-            used = obs if self.consistency_loss_weight > 0 else obs[:, 0]
-            if not bool(torch.isfinite(used).all()):
-                raise ValueError(f"MuZeroLoss: '{keys.observation}' holds NaN or infinite values.")
-
-    # -- loss ------------------------------------------------------------------
-    def _reduce(self, per_sample: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        if weight is not None:
-            per_sample = per_sample * weight.to(per_sample.dtype)
-        if self.reduction == "mean":
-            return per_sample.mean()
-        if self.reduction == "sum":
-            return per_sample.sum()
-        return per_sample
-
-    def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        """Unroll the model on a sampled batch and return the loss terms.
-
-        Args:
-            tensordict (TensorDictBase): the batch (see the class docstring for
-                its entries). The priority is written into it.
-
-        Returns:
-            A TensorDict of ``"loss_*"`` scalars, ``"priority"`` and logging
-            scalars.
-        """
-        inputs = self._read_inputs(tensordict)
-        model = self.model
-        obs, action = inputs["observation"], inputs["action"]
-        mask, policy_mask, weight = inputs["mask"], inputs["policy_mask"], inputs["weight"]
-        B, K1 = mask.shape
-        K = K1 - 1
-
-        latent, root_policy_logits, root_value_logits = model.initial_inference(obs[:, 0])
-        policy_logits, value_logits, reward_logits, latents = (
-            [root_policy_logits],
-            [root_value_logits],
-            [],
-            [],
-        )
-        for k in range(1, K1):
-            latent = scale_gradient(latent, self.latent_grad_scale)
-            latent, r_logits, p_logits, v_logits = model.recurrent_inference(
-                latent, action[:, k - 1]
-            )
-            latents.append(latent)
-            reward_logits.append(r_logits)
-            policy_logits.append(p_logits)
-            value_logits.append(v_logits)
-        policy_logits = torch.stack(policy_logits, 1)  # [B, K+1, A]
-        value_logits = torch.stack(value_logits, 1)  # [B, K+1, bins]
-        reward_logits = torch.stack(reward_logits, 1)  # [B, K, bins]
-        dtype = value_logits.dtype
-
-        # root position counts fully, unrolled positions 1/K each
-        step_scale = torch.full((K1,), 1.0 / K, dtype=dtype, device=value_logits.device)
-        step_scale[0] = 1.0
-        mask_f = mask.to(dtype)
-        policy_mask_f = policy_mask.to(dtype)
-
-        # masked targets are replaced by zeros so that they cannot matter (even if NaN)
-        target_value = torch.where(mask, inputs["target_value"].to(dtype), 0.0)
-        target_reward = torch.where(mask[:, 1:], inputs["target_reward"][:, 1:].to(dtype), 0.0)
-        target_policy = torch.where(
-            policy_mask.unsqueeze(-1), inputs["target_policy"].to(dtype), 0.0
+        super().__init__(
+            model,
+            value_loss_weight=value_loss_weight,
+            reward_loss_weight=reward_loss_weight,
+            policy_loss_weight=policy_loss_weight,
+            consistency_loss_weight=consistency_loss_weight,
+            latent_grad_scale=latent_grad_scale,
+            policy_loss=policy_loss,
+            projector=projector,
+            predictor=predictor,
+            projection_dim=projection_dim,
+            projection_hidden_dim=projection_hidden_dim,
+            prediction_hidden_dim=prediction_hidden_dim,
+            reduction=reduction,
+            check_inputs=check_inputs,
         )
 
-        value_ce = model.value_support.cross_entropy(value_logits, target_value)
-        value_per_sample = (value_ce * mask_f * step_scale).sum(1)
-        reward_ce = model.reward_support.cross_entropy(reward_logits, target_reward)
-        reward_per_sample = (reward_ce * mask_f[:, 1:]).sum(1) / K
-        log_policy = torch.log_softmax(policy_logits, -1)
-        policy_ce = -(target_policy * log_policy).sum(-1)
-        policy_per_sample = (policy_ce * policy_mask_f * step_scale).sum(1)
+    def term_names(self) -> list[str]:
+        """``value``, ``reward``, ``policy`` and, when on, ``consistency``."""
+        names = super().term_names()
+        names.insert(1, "reward")
+        return names
 
-        out = {
-            "loss_value": self.value_loss_weight * self._reduce(value_per_sample, weight),
-            "loss_reward": self.reward_loss_weight * self._reduce(reward_per_sample, weight),
-            "loss_policy": self.policy_loss_weight * self._reduce(policy_per_sample, weight),
-        }
+    def _dynamics_step(
+        self, latent: torch.Tensor, carry: Any, action: torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """``model.recurrent_inference``; the reward logits go into the extras."""
+        latent, reward_logits, policy_logits, value_logits = self.model.recurrent_inference(
+            latent, action
+        )
+        return latent, carry, policy_logits, value_logits, {"reward_logits": reward_logits}
 
-        if self.consistency_loss_weight > 0:
-            unrolled = torch.stack(latents, 1).flatten(0, 1)  # [B*K, *latent_shape]
-            online = self.predictor(self.projector(unrolled))
-            with torch.no_grad():
-                target_latent = model.initial_inference(obs[:, 1:].flatten(0, 1))[0]
-                target = self.projector(target_latent)
-            similarity = F.cosine_similarity(online, target.detach(), dim=-1, eps=1e-8)
-            consistency = (-similarity.view(B, K) * mask_f[:, 1:]).sum(1) / K
-            out["loss_consistency"] = self.consistency_loss_weight * self._reduce(
-                consistency, weight
-            )
-
-        with torch.no_grad():
-            root_value = model.value_support.decode(root_value_logits.detach())
-            priority = torch.where(
-                mask[:, 0], (root_value - target_value[:, 0]).abs(), 0.0
-            )
-            root_log_policy = log_policy[:, 0].detach()
-            entropy = -(root_log_policy.exp() * root_log_policy).sum(-1)
-        out["priority"] = priority
-        out["value_prediction"] = root_value.mean()
-        out["value_error"] = priority.mean()
-        out["policy_entropy"] = entropy.mean()
-
-        self._write_priority(tensordict, priority)
-        return TensorDict(out, batch_size=[])
-
-    def _write_priority(self, tensordict: TensorDictBase, priority: torch.Tensor) -> None:
-        batch_size = tensordict.batch_size
-        B = priority.shape[0]
-        if len(batch_size) == 0:
-            return tensordict.set(self.tensor_keys.priority, priority)
-        if batch_size[0] != B:
-            raise ValueError(
-                f"MuZeroLoss: cannot write priorities [{B}] into a tensordict of batch "
-                f"size {tuple(batch_size)}."
-            )
-        value = priority.reshape(B, *([1] * (len(batch_size) - 1))).expand(batch_size)
-        tensordict.set(self.tensor_keys.priority, value.contiguous())
+    def _step_terms(self, inputs: dict[str, Any], unrolled: dict[str, Any]) -> dict[str, LossTerm]:
+        """The base terms plus ``reward`` ``[B, K]``: CE of the reward into each unrolled position."""
+        terms = super()._step_terms(inputs, unrolled)
+        reward_logits = unrolled["reward_logits"]  # [B, K, bins]
+        mask = inputs["mask"][:, 1:]
+        target = torch.where(mask, inputs["target_reward"][:, 1:].to(reward_logits.dtype), 0.0)
+        reward = LossTerm(self.model.reward_support.cross_entropy(reward_logits, target), mask)
+        return {"value": terms.pop("value"), "reward": reward, **terms}
