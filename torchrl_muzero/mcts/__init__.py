@@ -4,3 +4,6 @@ from torchrl_muzero.mcts.search import SearchResult, search, search_from_root, s
 from torchrl_muzero.mcts.policy import MCTSPolicy
 
 __all__ = ["MCTSConfig", "Tree", "allocate_tree", "SearchResult", "search", "search_from_root", "select_action", "MCTSPolicy"]
+from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig, gumbel_muzero_search, gumbel_search
+
+__all__ += ["GumbelMCTSConfig", "gumbel_muzero_search", "gumbel_search"]
