@@ -23,9 +23,14 @@ from torchrl_muzero.envs.tictactoe import NUM_CELLS, legal_moves, observe, play
 __all__ = ["muzero_player", "play_match", "evaluate_board", "main"]
 
 
-def muzero_player(model, mcts_config):
-    """A batched player ``(board, to_play) -> cells`` running a greedy search with ``model``."""
+def muzero_player(model, mcts_config, search_fn=None):
+    """A batched player ``(board, to_play) -> cells`` running a greedy search with ``model``.
+
+    ``search_fn``: the algorithm's search (default MuZero's ``mcts.search``).
+    """
     from torchrl_muzero.mcts import search
+
+    search = search_fn or search
 
     def act(board: torch.Tensor, to_play: torch.Tensor) -> torch.Tensor:
         was_training = model.training
@@ -78,14 +83,15 @@ def _rates(scores: torch.Tensor, prefix: str) -> dict:
 
 
 @torch.no_grad()
-def evaluate_board(model, mcts_config, num_games: int = 100, seed: int = 0) -> tuple[list[float], dict]:
+def evaluate_board(model, mcts_config, num_games: int = 100, seed: int = 0,
+                   search_fn=None) -> tuple[list[float], dict]:
     """``num_games`` games against the random player, then against the minimax player.
 
     Returns the per-game scores of both matches (random first, +1/0/-1 from
     MuZero's view: their mean is the single evaluation score) and a dict of
     win / draw / loss rates per opponent (``eval/vs_random/win``, ...).
     """
-    me = muzero_player(model, mcts_config)
+    me = muzero_player(model, mcts_config, search_fn)
     vs_random = play_match(me, RandomPlayer(seed), num_games)
     vs_minimax = play_match(me, MinimaxPlayer(seed + 1), num_games)
     stats = {**_rates(vs_random, "eval/vs_random"), **_rates(vs_minimax, "eval/vs_minimax")}
@@ -107,12 +113,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--simulations", type=int, default=0, help="0: the run's eval.num_simulations")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from torchrl_muzero.trainers.builders import mcts_config
+    from torchrl_muzero.trainers.builders import algorithm, mcts_config
 
     model, cfg = load_run_model(args.run_dir, args.checkpoint)
     sims = args.simulations or cfg.eval.num_simulations or cfg.mcts.num_simulations
     scores, stats = evaluate_board(model, mcts_config(cfg, temperature=0.0, num_simulations=sims),
-                                   args.games, args.seed)
+                                   args.games, args.seed, search_fn=algorithm(cfg).search_fn)
     out = {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint, "games_per_opponent": args.games,
            "simulations": sims, "mean_score": sum(scores) / len(scores), **stats}
     print(json.dumps(out, indent=2))

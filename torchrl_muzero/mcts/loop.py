@@ -98,7 +98,7 @@ def run_search(
         >>> tree = start_tree(root, 5, torch.ones(3, 2, dtype=torch.bool), discount=0.997)
         >>> tree = run_search(tree, model.search_step, 5, PUCT(), PUCT(), discount=0.997)
         >>> tree.root_child_visits().sum(-1)
-        tensor([5, 5, 5], dtype=torch.int32)
+        tensor([5, 5, 5])
     """
     use_cpp = cpp_rules_supported(ops, root_rule, interior_rule)
     rows = torch.arange(tree.batch_size, device=tree.visit_count.device)

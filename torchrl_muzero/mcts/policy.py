@@ -1,6 +1,9 @@
 """``MCTSPolicy``: model + search as a policy a torchrl collector runs."""
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
@@ -36,6 +39,11 @@ class MCTSPolicy(TensorDictModuleBase):
             actions, anything else action indices. ``None``: indices.
         generator: optional ``torch.Generator`` on the model's device.
         observation_key / action_key / action_mask_key / to_play_key: keys.
+        search_fn: the search to run, with :func:`~torchrl_muzero.mcts.search`'s
+            signature ``(model, observation, config, action_mask=, to_play=,
+            add_noise=, generator=) -> SearchResult`` (default: MuZero's).
+            Each algorithm of :mod:`torchrl_muzero.algorithms` names its own,
+            e.g. ``gumbel_search`` with a ``GumbelMCTSConfig``.
 
     Examples:
         >>> import torch
@@ -64,9 +72,11 @@ class MCTSPolicy(TensorDictModuleBase):
         action_key: NestedKey = "action",
         action_mask_key: NestedKey = "action_mask",
         to_play_key: NestedKey = "to_play",
+        search_fn: Callable | None = None,
     ) -> None:
         super().__init__()
         self.model = model
+        self.search_fn = search_fn if search_fn is not None else search
         self.config = config if config is not None else MCTSConfig()
         self.action_spec = action_spec
         self.generator = generator
@@ -105,12 +115,12 @@ class MCTSPolicy(TensorDictModuleBase):
         greedy = exploration_type() in _GREEDY
         config = self.config
         if greedy and config.temperature != 0:
-            config = MCTSConfig(**{**config.__dict__, "temperature": 0.0})
+            config = dataclasses.replace(config, temperature=0.0)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                result = search(
+                result = self.search_fn(
                     self.model,
                     observation.to(model_device),
                     config,

@@ -34,9 +34,8 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import MultiAsyncCollector
 
 from torchrl_muzero.envs import make_env
-from torchrl_muzero.mcts import MCTSPolicy
 from torchrl_muzero.trainers.base import TrainerBase, TrainingStopped
-from torchrl_muzero.trainers.builders import build_model, mcts_config, temperature_at
+from torchrl_muzero.trainers.builders import build_model, build_policy, temperature_at
 from torchrl_muzero.trainers.config import config_to_dict, load_config
 from torchrl_muzero.trainers.cpu_budget import LearnerThreads, yield_to_learner
 from torchrl_muzero.trainers.evaluator import EvaluatorPool, WorkerDied
@@ -111,7 +110,7 @@ class _ControlledPolicy(TensorDictModuleBase):
     schedule.
     """
 
-    def __init__(self, policy: MCTSPolicy, control: SharedControl) -> None:
+    def __init__(self, policy, control: SharedControl) -> None:
         super().__init__()
         self.policy = policy
         self.control = control
@@ -132,7 +131,7 @@ def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, act
     yield_to_learner(cfg.async_pipeline.actor_niceness)
     torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
     model = build_model(cfg, observation_shape, num_actions).to(device).eval()
-    policy = MCTSPolicy(model, mcts_config(cfg), action_spec)
+    policy = build_policy(cfg, model, action_spec)
     return LockedPolicy(_ControlledPolicy(policy, control), weights_module=model)
 
 

@@ -1,15 +1,17 @@
 """Build the pieces of a run from its config (shared by the sync and async trainers)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from torchrl_muzero.envs.env_ids import is_board_game
 from torchrl_muzero.mcts import MCTSConfig
-from torchrl_muzero.modules import MuZeroMLPModel, MuZeroModel
+from torchrl_muzero.modules import MuZeroModel
 from torchrl_muzero.trainers.config import TrainConfig
 
-__all__ = ["build_buffer", "build_model", "model_from_checkpoint", "mcts_config", "resolve_device",
-           "temperature_at"]
+__all__ = ["algorithm", "build_buffer", "build_loss", "build_model", "build_policy", "model_from_checkpoint",
+           "mcts_config", "resolve_device", "temperature_at"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -22,46 +24,41 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def build_model(cfg: TrainConfig, observation_shape, num_actions: int) -> MuZeroModel:
-    """The model the config names, for the env's observation shape and action count."""
-    m = cfg.model
-    if m.kind == "mlp":
-        return MuZeroMLPModel(
-            observation_shape,
-            num_actions,
-            latent_dim=m.latent_dim,
-            hidden_dim=m.hidden_dim,
-            num_layers=m.num_layers,
-            value_support_size=m.value_support_size,
-            reward_support_size=m.reward_support_size,
-        )
-    if m.kind == "resnet":
-        from torchrl_muzero.modules import MuZeroResNetModel
+def algorithm(cfg: TrainConfig):
+    """The :class:`~torchrl_muzero.algorithms.Algorithm` that ``algo.name`` names."""
+    from torchrl_muzero.algorithms import get_algorithm
 
-        return MuZeroResNetModel(
-            observation_shape,
-            num_actions,
-            channels=m.channels,
-            num_blocks=m.num_blocks,
-            downsample=m.downsample,
-            value_support_size=m.value_support_size,
-            reward_support_size=m.reward_support_size,
-        )
-    raise ValueError(f"model.kind must be 'mlp' or 'resnet', got {m.kind!r}.")
+    return get_algorithm(cfg.algo.name)
+
+
+def build_model(cfg: TrainConfig, observation_shape, num_actions: int) -> MuZeroModel:
+    """The model of the run's algorithm (``algo.name``, ``model.kind``) for the env's shapes."""
+    return algorithm(cfg).build_model(cfg, observation_shape, num_actions)
 
 
 def mcts_config(cfg: TrainConfig, temperature: float | None = None, num_simulations: int | None = None) -> MCTSConfig:
-    s = cfg.mcts
-    return MCTSConfig(
-        num_simulations=num_simulations or s.num_simulations,
-        discount=s.discount,
-        pb_c_base=s.pb_c_base,
-        pb_c_init=s.pb_c_init,
-        dirichlet_alpha=s.dirichlet_alpha,
-        dirichlet_fraction=s.dirichlet_fraction,
-        temperature=s.temperature if temperature is None else temperature,
-        backend=s.backend,
-    )
+    """The settings of the run's search (an ``MCTSConfig``, or the algorithm's subclass of it)."""
+    config = algorithm(cfg).search_config(cfg)
+    changes = {}
+    if temperature is not None:
+        changes["temperature"] = temperature
+    if num_simulations:
+        changes["num_simulations"] = num_simulations
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def build_policy(cfg: TrainConfig, model, action_spec, generator: torch.Generator | None = None,
+                 temperature: float | None = None, num_simulations: int | None = None):
+    """The run's :class:`~torchrl_muzero.mcts.MCTSPolicy`: ``model`` searched with the algorithm's search."""
+    from torchrl_muzero.mcts import MCTSPolicy
+
+    return MCTSPolicy(model, mcts_config(cfg, temperature, num_simulations), action_spec, generator=generator,
+                      search_fn=algorithm(cfg).search_fn)
+
+
+def build_loss(cfg: TrainConfig, model):
+    """The run's loss module (the algorithm's ``LossModule`` with ``loss.*`` / ``algo.*``)."""
+    return algorithm(cfg).build_loss(cfg, model)
 
 
 def temperature_at(cfg: TrainConfig, progress: float) -> float:
@@ -81,6 +78,7 @@ def build_buffer(cfg: TrainConfig, seed: int | None = None):
     from torchrl_muzero.data import GameBuffer
 
     b = cfg.buffer
+    algo = algorithm(cfg)
     return GameBuffer(
         b.capacity,
         num_unroll_steps=b.num_unroll_steps,
@@ -93,7 +91,7 @@ def build_buffer(cfg: TrainConfig, seed: int | None = None):
         beta_annealing_steps=b.beta_anneal_steps,
         reanalyze_ratio=b.reanalyze_ratio,
         mcts_config=mcts_config(cfg),
-        with_future_observations=cfg.loss.consistency_loss_weight > 0,
+        with_future_observations=algo.needs_future_observations(cfg),
         seed=cfg.seed if seed is None else seed,
     )
 

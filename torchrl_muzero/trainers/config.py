@@ -45,6 +45,34 @@ class EnvConfig:
 
 
 @dataclass
+class AlgoConfig:
+    """Which member of the MuZero family (``algo=<name>``, LightZero's names) and its own settings.
+
+    Each key below belongs to one algorithm (torchrl_muzero/algorithms/); setting a key that the
+    chosen algorithm does not read is an error.
+    """
+
+    name: str = "muzero"  # muzero | efficientzero | gumbel_muzero | stochastic_muzero
+    # efficientzero: value-prefix LSTM, reset every lstm_horizon_len steps (training and search)
+    lstm_horizon_len: int = 5
+    lstm_hidden_size: int = 64
+    # the paper's off-policy correction: older data bootstraps sooner, from the stored root value
+    off_policy_correction: bool = False
+    correction_age_scale: float = 100.0  # learner updates of age per step of horizon lost
+    # gumbel_muzero (mctx's defaults)
+    max_num_considered_actions: int = 16
+    gumbel_scale: float = 1.0
+    value_scale: float = 0.1
+    maxvisit_init: float = 50.0
+    policy_loss: str = "cross_entropy"  # cross_entropy | kl (LightZero's Gumbel uses kl: same gradient)
+    # stochastic_muzero
+    chance_space_size: int = 4
+    afterstate_value_loss_weight: float = 0.25
+    chance_loss_weight: float = 1.0
+    commitment_loss_weight: float = 1.0
+
+
+@dataclass
 class ModelConfig:
     kind: str = "mlp"  # "mlp" or "resnet"
     latent_dim: int = 64
@@ -177,6 +205,7 @@ class TrainConfig:
     """
 
     env: EnvConfig = field(default_factory=EnvConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     mcts: MCTSSection = field(default_factory=MCTSSection)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -195,6 +224,7 @@ class TrainConfig:
 _KNOWN_CHOICES = {
     "env.kind": ("gym", "atari", "board"),
     "model.kind": ("mlp", "resnet"),
+    "algo.policy_loss": ("cross_entropy", "kl"),
     "mcts.backend": ("auto", "torch", "cpp"),
     "logger.backend": ("csv", "tensorboard", "wandb", "none"),
 }

@@ -95,6 +95,18 @@ RANGES: dict[str, Range] = {
     "env.noop_max": NON_NEG,
     "env.sticky_action_prob": PROBABILITY,
     "env.random_opening_moves": Range(0, 4),  # 5 plies can end a tic-tac-toe game
+    # algo
+    "algo.lstm_horizon_len": COUNT,
+    "algo.lstm_hidden_size": COUNT,
+    "algo.correction_age_scale": POSITIVE,
+    "algo.max_num_considered_actions": Range(2),
+    "algo.gumbel_scale": NON_NEG,
+    "algo.value_scale": POSITIVE,
+    "algo.maxvisit_init": NON_NEG,
+    "algo.chance_space_size": COUNT,
+    "algo.afterstate_value_loss_weight": NON_NEG,
+    "algo.chance_loss_weight": NON_NEG,
+    "algo.commitment_loss_weight": NON_NEG,
     # model
     "model.latent_dim": COUNT,
     "model.hidden_dim": COUNT,
@@ -202,8 +214,31 @@ def check_ranges(cfg) -> None:
     _check_rules(cfg)
 
 
+def _check_algo(cfg) -> None:
+    """``algo.name`` is registered, and no ``algo.*`` key of another algorithm was changed."""
+    import dataclasses
+
+    from torchrl_muzero.algorithms import get_algorithm
+
+    algo = get_algorithm(cfg.algo.name)  # an unknown name lists the known ones
+    defaults = type(cfg.algo)()
+    for f in dataclasses.fields(cfg.algo):
+        if f.name == "name" or f.name in algo.config_keys:
+            continue
+        value = getattr(cfg.algo, f.name)
+        if value != getattr(defaults, f.name):
+            from torchrl_muzero.algorithms import algorithm_names, get_algorithm as lookup
+
+            owners = [n for n in algorithm_names() if f.name in lookup(n).config_keys]
+            raise ConfigError(
+                f"config key 'algo.{f.name}' ({value!r}) is a setting of {' / '.join(owners) or 'no algorithm'}, "
+                f"not of algo={algo.name}, which would ignore it; drop it or choose algo={owners[0] if owners else '...'}."
+            )
+
+
 def _check_rules(cfg) -> None:
     """The rules that tie keys together, or that a range cannot say."""
+    _check_algo(cfg)
     ap, t = cfg.async_pipeline, cfg.train
     if t.frames_per_batch % cfg.env.num_envs:
         n = cfg.env.num_envs

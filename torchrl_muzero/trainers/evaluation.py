@@ -11,13 +11,14 @@ __all__ = ["evaluate", "evaluate_with_stats"]
 
 
 @torch.no_grad()
-def evaluate(model, env, mcts: MCTSConfig, max_steps: int = 100_000) -> list[float]:
+def evaluate(model, env, mcts: MCTSConfig, max_steps: int = 100_000, search_fn=None) -> list[float]:
     """Play one episode in each of ``env``'s batched copies; return their returns.
 
-    The search runs greedily (no root noise, most-visited action). Episodes
-    that end early wait for the others; each copy counts its first episode only.
+    The search (``search_fn``, default MuZero's) runs greedily (no root
+    noise, most-visited action). Episodes that end early wait for the others;
+    each copy counts its first episode only.
     """
-    policy = MCTSPolicy(model, mcts, env.action_spec)
+    policy = MCTSPolicy(model, mcts, env.action_spec, search_fn=search_fn)
     n = int(env.batch_size.numel()) if len(env.batch_size) else 1
     returns = torch.zeros(n)
     finished = torch.zeros(n, dtype=torch.bool)
@@ -36,7 +37,7 @@ def evaluate(model, env, mcts: MCTSConfig, max_steps: int = 100_000) -> list[flo
     return returns.tolist()
 
 
-def evaluate_with_stats(model, env, mcts: MCTSConfig, env_cfg=None) -> tuple[list[float], dict]:
+def evaluate_with_stats(model, env, mcts: MCTSConfig, env_cfg=None, search_fn=None) -> tuple[list[float], dict]:
     """What the trainers score a version with: ``(per-episode returns, extra metrics)``.
 
     Board games (``env_cfg.kind == "board"``) play ``N`` games (``N``: the
@@ -50,5 +51,6 @@ def evaluate_with_stats(model, env, mcts: MCTSConfig, env_cfg=None) -> tuple[lis
     if env_cfg is not None and is_board_game(env_cfg):
         from torchrl_muzero.envs.board_eval import evaluate_board
 
-        return evaluate_board(model, mcts, num_games=int(env.batch_size.numel()) if len(env.batch_size) else 1)
-    return evaluate(model, env, mcts), {}
+        return evaluate_board(model, mcts, num_games=int(env.batch_size.numel()) if len(env.batch_size) else 1,
+                              search_fn=search_fn)
+    return evaluate(model, env, mcts, search_fn=search_fn), {}

@@ -49,7 +49,7 @@ def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results,
     device = "cuda" if cfg_dict["async_pipeline"]["evaluator_num_gpus"] > 0 else "cpu"
     try:
         from torchrl_muzero.envs import make_env
-        from torchrl_muzero.trainers.builders import build_model, mcts_config
+        from torchrl_muzero.trainers.builders import algorithm, build_model, mcts_config
         from torchrl_muzero.trainers.config import load_config
         from torchrl_muzero.trainers.evaluation import evaluate_with_stats
 
@@ -69,7 +69,8 @@ def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results,
                 break
             version, weights = request
             model.load_state_dict(weights)
-            results.put(("ok", index, version, evaluate_with_stats(model, env, mcts, cfg.env)))
+            results.put(("ok", index, version, evaluate_with_stats(model, env, mcts, cfg.env,
+                                                                   search_fn=algorithm(cfg).search_fn)))
         env.close()
     except BaseException:  # report, then exit non-zero: the driver names us in its error
         results.put(("error", index, -1, traceback.format_exc()))

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from torchrl_muzero.objectives import MuZeroLoss
+from torchrl_muzero.trainers.builders import build_loss
 from torchrl_muzero.trainers.config import TrainConfig
 
 __all__ = ["Learner", "NonFiniteLossError"]
@@ -46,16 +46,7 @@ class Learner:
         for p in self.target_model.parameters():
             p.requires_grad_(False)
         self.buffer = buffer
-        self.loss_module = MuZeroLoss(
-            self.model,
-            value_loss_weight=cfg.loss.value_loss_weight,
-            reward_loss_weight=cfg.loss.reward_loss_weight,
-            policy_loss_weight=cfg.loss.policy_loss_weight,
-            consistency_loss_weight=cfg.loss.consistency_loss_weight,
-            projection_dim=cfg.loss.projection_dim,
-            projection_hidden_dim=cfg.loss.projection_hidden_dim,
-            prediction_hidden_dim=cfg.loss.prediction_hidden_dim,
-        ).to(device)
+        self.loss_module = build_loss(cfg, self.model).to(device)  # the algorithm's (algo.name)
         self.optimizer = torch.optim.AdamW(
             self.loss_module.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )

@@ -1,0 +1,126 @@
+"""One registry of the MuZero family: what ``algo=<name>`` builds.
+
+An :class:`Algorithm` bundles the builders a run needs: the model for an
+env's shapes, the search (a function with :func:`torchrl_muzero.mcts.search`'s
+signature) and its settings, the loss, and the replay targets beyond
+MuZero's. The sync trainer, the async trainer's collector and evaluator
+processes, the buffer's reanalyze and a user's own script all look an
+algorithm up here by its name, so none of them constructs a variant's pieces
+by hand. Names follow LightZero's policy types.
+
+Each variant registers itself in its own module of this package
+(``muzero.py``, ``efficientzero.py``, ...); :func:`get_algorithm` imports
+them on first use.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names"]
+
+_REGISTRY: dict[str, "Algorithm"] = {}
+_MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero")
+_loaded = False
+
+
+def _no_targets(cfg) -> list:
+    return []
+
+
+def _no_future(cfg) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """The builders of one algorithm of the family.
+
+    Attributes:
+        name: the ``algo=`` name (LightZero's policy type).
+        build_model: ``(cfg, observation_shape, num_actions) -> model``.
+        search_fn: the search, ``(model, observation, config, action_mask=,
+            to_play=, add_noise=, generator=) -> SearchResult``.
+        search_config: ``(cfg) -> config`` for ``search_fn`` (an
+            :class:`~torchrl_muzero.mcts.MCTSConfig` or a subclass).
+        build_loss: ``(cfg, model) -> LossModule``.
+        target_builders: ``(cfg) -> list`` of the replay buffer's extra target
+            builders (:mod:`torchrl_muzero.data`).
+        needs_future_observations: ``(cfg) -> bool``: the loss reads the
+            observations of the unrolled positions (consistency loss, chance
+            encoder).
+        buffer_kwargs: ``(cfg) -> dict`` of further
+            :class:`~torchrl_muzero.data.GameBuffer` keyword arguments
+            (EfficientZero's off-policy correction).
+        config_keys: the ``algo.*`` keys this algorithm reads; setting
+            another algorithm's key is an error, not silently ignored.
+        summary: one line for listings and docs.
+
+    Examples:
+        >>> from torchrl_muzero.algorithms import get_algorithm
+        >>> from torchrl_muzero.trainers.config import load_config
+        >>> algo = get_algorithm("muzero")
+        >>> cfg = load_config({"model": {"latent_dim": 16, "hidden_dim": 16}})
+        >>> model = algo.build_model(cfg, (4,), 2)
+        >>> type(model).__name__, algo.search_config(cfg).num_simulations
+        ('MuZeroMLPModel', 25)
+    """
+
+    name: str
+    build_model: Callable[[Any, tuple, int], Any]
+    search_fn: Callable[..., Any]
+    search_config: Callable[[Any], Any]
+    build_loss: Callable[[Any, Any], Any]
+    target_builders: Callable[[Any], list] = _no_targets
+    needs_future_observations: Callable[[Any], bool] = _no_future
+    buffer_kwargs: Callable[[Any], dict] = lambda cfg: {}
+    config_keys: tuple[str, ...] = field(default_factory=tuple)
+    summary: str = ""
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    """Add ``algorithm`` under its name (a second registration of a name replaces the first)."""
+    _REGISTRY[algorithm.name] = algorithm
+    return algorithm
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    import importlib
+
+    for module in _MODULES:
+        importlib.import_module(f"torchrl_muzero.algorithms.{module}")
+    _loaded = True
+
+
+def algorithm_names() -> list[str]:
+    """The registered names, in registration order (``muzero`` first)."""
+    _load_all()
+    return list(_REGISTRY)
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm registered as ``name``; an unknown name raises one line listing the known ones.
+
+    Examples:
+        >>> from torchrl_muzero.algorithms import get_algorithm
+        >>> get_algorithm("muzero").name
+        'muzero'
+        >>> get_algorithm("muzeroo")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        torchrl_muzero.trainers.config.ConfigError: config key 'algo.name' is 'muzeroo'. Did you mean 'muzero'? Known algorithms: muzero, ...
+    """
+    _load_all()
+    if name not in _REGISTRY:
+        from torchrl_muzero.trainers.config import ConfigError
+
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(
+            f"config key 'algo.name' is {name!r}.{hint} Known algorithms: {', '.join(_REGISTRY)}."
+        )
+    return _REGISTRY[name]
