@@ -2,13 +2,21 @@
 from torchrl_muzero.data.frames import FrameStack
 from torchrl_muzero.data.priority import PriorityTree
 from torchrl_muzero.data.targets import ValueTargetPlan, plan_value_targets, reward_targets, value_targets
+from torchrl_muzero.data.target_builders import MUZERO_SAMPLE_KEYS, TargetBuilder, TargetContext, ValuePrefixTargets
+from torchrl_muzero.data.reanalyze import ReanalyzeSearch, muzero_reanalyze
 from torchrl_muzero.data.game_buffer import GameBuffer
 
 __all__ = [
     "FrameStack",
     "GameBuffer",
+    "MUZERO_SAMPLE_KEYS",
     "PriorityTree",
+    "ReanalyzeSearch",
+    "TargetBuilder",
+    "TargetContext",
+    "ValuePrefixTargets",
     "ValueTargetPlan",
+    "muzero_reanalyze",
     "plan_value_targets",
     "reward_targets",
     "value_targets",

@@ -1,0 +1,144 @@
+"""Reanalyze: fresh targets from the current models for stored observations.
+
+Two kinds, both batched into one model call per :meth:`GameBuffer.sample
+<torchrl_muzero.data.GameBuffer.sample>`:
+
+* *policy reanalyze* (:func:`reanalyze_policies`) re-runs a search at a
+  fraction of the sampled positions and uses its policy as the target. The
+  search is an argument, a *reanalyze search*: any callable
+
+  ``search(model, observation [n, *obs], action_mask [n, A] | None,
+  to_play [n] | None, add_noise: bool, generator) -> policy [n, A]``
+
+  so that each MuZero variant (Gumbel, sampled, stochastic, ...) plugs in its
+  own search while the buffer stays the same. :func:`muzero_reanalyze` makes
+  the default one (plain MuZero :func:`~torchrl_muzero.mcts.search`). The
+  buffer hands it inputs already on the model's device, the model in eval
+  mode under ``torch.no_grad()``, and a ``generator`` only when that device
+  is the CPU (``None`` otherwise: torch generators are per device).
+* *value reanalyze* (:func:`bootstrap_values`) evaluates the target model at
+  the n-step bootstrap states.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+
+__all__ = ["ReanalyzeSearch", "bootstrap_values", "model_device", "muzero_reanalyze", "reanalyze_policies"]
+
+#: ``(model, observation, action_mask, to_play, add_noise, generator) -> policy [n, A]``
+ReanalyzeSearch = Callable[
+    [Any, torch.Tensor, "torch.Tensor | None", "torch.Tensor | None", bool, "torch.Generator | None"], torch.Tensor
+]
+
+
+def muzero_reanalyze(config: Any) -> ReanalyzeSearch:
+    """The MuZero reanalyze search: :func:`~torchrl_muzero.mcts.search` with ``config``.
+
+    Returns its ``search_policy`` (normalised root visit counts).
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.data.reanalyze import muzero_reanalyze
+        >>> from torchrl_muzero.mcts import MCTSConfig
+        >>> from torchrl_muzero.modules import MuZeroMLPModel
+        >>> model = MuZeroMLPModel((3,), 2, latent_dim=8, hidden_dim=8)
+        >>> search = muzero_reanalyze(MCTSConfig(num_simulations=4))
+        >>> policy = search(model, torch.zeros(5, 3), None, None, False, None)
+        >>> policy.shape, bool(torch.allclose(policy.sum(-1), torch.ones(5)))
+        (torch.Size([5, 2]), True)
+    """
+
+    def search_policy(model, observation, action_mask, to_play, add_noise, generator) -> torch.Tensor:
+        from torchrl_muzero.mcts import search  # the search package imports models, not the buffer
+
+        result = search(model, observation, config, action_mask=action_mask, to_play=to_play,
+                        add_noise=add_noise, generator=generator)
+        return result.search_policy
+
+    search_policy.config = config  # for inspection / repr only
+    return search_policy
+
+
+def model_device(model: Any, device: torch.device | None = None) -> torch.device:
+    """``device`` if given, else where ``model``'s parameters are (CPU without any)."""
+    if device is not None:
+        return device
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _evaluating(model: Any) -> Iterator[None]:
+    # targets come from the model as it acts, not as it trains (batch-norm statistics, dropout)
+    was_training = getattr(model, "training", False)
+    if was_training:
+        model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        if was_training:
+            model.train()
+
+
+def reanalyze_policies(
+    search: ReanalyzeSearch,
+    model: Any,
+    observation: torch.Tensor,
+    action_mask: torch.Tensor | None,
+    to_play: torch.Tensor | None,
+    *,
+    add_noise: bool,
+    generator: torch.Generator | None,
+    num_actions: int,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Run ``search`` on ``observation`` ``[n, *obs]``; the policies ``[n, A]`` as float32 on the CPU.
+
+    Inputs go to :func:`model_device`; ``generator`` is passed only when that
+    is the CPU. Raises ``ValueError`` when the search returns another shape
+    than ``[n, num_actions]``.
+    """
+    dev = model_device(model, device)
+    n = observation.shape[0]
+    with _evaluating(model):
+        policy = search(
+            model,
+            observation.to(dev),
+            None if action_mask is None else action_mask.to(dev),
+            None if to_play is None else to_play.to(dev),
+            bool(add_noise),
+            generator if dev.type == "cpu" else None,
+        )
+    policy = torch.as_tensor(policy)
+    if tuple(policy.shape) != (n, num_actions):
+        raise ValueError(
+            f"the reanalyze search returned a {tuple(policy.shape)} policy for {n} observations; "
+            f"it must be [n, num_actions] = [{n}, {num_actions}]."
+        )
+    return policy.detach().float().cpu()
+
+
+def bootstrap_values(model: Any, observation: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """``model``'s value estimate ``[n]`` (float32, CPU) of ``observation`` ``[n, *obs]``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.data.reanalyze import bootstrap_values
+        >>> from torchrl_muzero.modules import MuZeroMLPModel
+        >>> model = MuZeroMLPModel((3,), 2, latent_dim=8, hidden_dim=8)
+        >>> bootstrap_values(model, torch.zeros(4, 3)).shape
+        torch.Size([4])
+    """
+    dev = model_device(model, device)
+    with _evaluating(model):
+        _, _, value_logits = model.initial_inference(observation.to(dev))
+        support = model.value_support
+        decode = getattr(support, "decode_fast", support.decode)  # same value, fewer kernels
+        values = decode(value_logits)
+    return values.float().reshape(-1).cpu()
