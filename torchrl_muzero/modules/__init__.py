@@ -5,3 +5,8 @@ from torchrl_muzero.modules.mlp import MuZeroMLPModel
 from torchrl_muzero.modules.resnet import MuZeroResNetModel
 
 __all__ = ["CategoricalSupport", "ModelStep", "MuZeroModel", "MuZeroMLPModel", "MuZeroResNetModel", "scale_latent"]
+from torchrl_muzero.modules.stochastic import StochasticMuZeroModel, StochasticMuZeroMLPModel, straight_through_one_hot
+
+__all__ += ["StochasticMuZeroModel", "StochasticMuZeroMLPModel", "straight_through_one_hot"]
+from torchrl_muzero.modules.efficientzero import EfficientZeroMLPModel, EfficientZeroModel, EfficientZeroResNetModel  # noqa: E402
+__all__ += ["EfficientZeroModel", "EfficientZeroMLPModel", "EfficientZeroResNetModel"]
