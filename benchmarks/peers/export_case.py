@@ -1,0 +1,127 @@
+"""Export the canonical search-benchmark case to an .npz that the peer runners read.
+
+Run from the repository's venv:
+
+    python benchmarks/peers/export_case.py [--out /tmp/peer_case.npz]
+
+The case is the one of ``benchmarks/test_search_bench.py``: ``MuZeroMLPModel((8,),
+6, latent_dim=64, hidden_dim=64, value_support_size=300, reward_support_size=300,
+zero_init_heads=False)`` built after ``torch.manual_seed(0)``, 50 simulations,
+6 actions. Every implementation (ours, LightZero's C++ trees, mctx) rebuilds this
+network from the file and searches from the same root latents, so the trees
+they grow have the same shape.
+
+Layout (all float32 unless said; weights in torch's ``nn.Linear`` convention,
+``y = x @ W.T + b``, ``W`` of shape ``[out, in]``):
+
+* network, one hidden layer each (ReLU between the two layers):
+  ``repr_w1 [H, 8]  repr_b1 [H]  repr_w2 [L, H]  repr_b2 [L]``  representation, then min-max ``scale_latent``;
+  ``dyn_w1 [H, L + A]  dyn_b1  dyn_w2 [L, H]  dyn_b2``  dynamics on ``cat(latent, one_hot(action))``, then ``scale_latent``;
+  ``rew_w1 [H, L]  rew_b1  rew_w2 [R, H]  rew_b2``  reward head on the *next* latent (``R = 2 * 300 + 1`` bins);
+  ``pred_w1 [H, L]  pred_b1  pred_w2 [A + V, H]  pred_b2``  prediction: the first ``A`` outputs are the policy
+  logits, the other ``V = 601`` the value logits.
+  ``scale_latent(x) = (x - min(x)) / max(max(x) - min(x), 1e-5)`` per row.
+  A scalar is decoded from logits as ``h^-1(softmax(logits) @ bins)``, ``bins = -300..300``,
+  ``h^-1(y) = sign(y) * (((sqrt(1 + 4 eps (|y| + 1 + eps)) - 1) / (2 eps))^2 - 1)``, ``eps = 0.001``.
+* scalars (0-d arrays): ``num_actions``, ``latent_dim``, ``hidden_dim``, ``obs_dim``, ``value_support_size``,
+  ``reward_support_size`` (int64); ``epsilon``, ``scale_eps`` (1e-5), ``num_simulations`` (int64),
+  ``discount``, ``pb_c_base``, ``pb_c_init``, ``dirichlet_alpha``, ``dirichlet_fraction`` (float64), the
+  settings of ``MCTSConfig()`` that the benchmark uses.
+* ``batches`` (int64): 1, 8, 64, 256; for each ``B``: ``obs_B{B} [B, 8]`` (standard normal, seed 0),
+  ``latent_B{B} [B, L]``, ``policy_logits_B{B} [B, A]``, ``value_B{B} [B]`` (decoded root value): our
+  ``initial_inference`` of those observations. The smaller batches are the first rows of ``obs_B256``.
+* reference outputs to check a re-implementation: ``check_actions [256]`` (int64), then two recurrent steps
+  from ``latent_B256`` with those actions: ``check_latent1 [256, L]``, ``check_reward1``, ``check_policy1``,
+  ``check_value1``, and ``check_latent2`` ... ``check_value2`` (second step with ``(check_actions + 1) % A``).
+* ``torch_version``, ``layout_version`` (1) for the record.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from torchrl_muzero.mcts import MCTSConfig
+from torchrl_muzero.modules import MuZeroMLPModel
+
+SIMS, ACTIONS, OBS_DIM = 50, 6, 8
+BATCHES = (1, 8, 64, 256)
+DEFAULT_OUT = Path("/tmp/torchrl_muzero_peer_case.npz")
+
+
+def canonical_model() -> MuZeroMLPModel:
+    """The model of ``benchmarks/test_search_bench.py`` (same seed, same constructor)."""
+    torch.manual_seed(0)
+    return MuZeroMLPModel((OBS_DIM,), ACTIONS, latent_dim=64, hidden_dim=64, value_support_size=300,
+                          reward_support_size=300, zero_init_heads=False).eval()
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy().copy()
+
+
+@torch.no_grad()
+def build_case(model: MuZeroMLPModel | None = None) -> dict[str, np.ndarray]:
+    model = canonical_model() if model is None else model
+    if len(model.representation_net) != 3 or len(model.dynamics_net) != 3 or len(model.reward_head) != 3:
+        raise ValueError("the exported layout is for one hidden layer per network (num_layers=1).")
+    cfg = MCTSConfig(num_simulations=SIMS)
+    rep1, _, rep2 = model.representation_net
+    dyn1, _, dyn2 = model.dynamics_net
+    rew1, _, rew2 = model.reward_head
+    pred1 = model.prediction_trunk[0]
+    case: dict[str, np.ndarray] = {
+        "repr_w1": _np(rep1.weight), "repr_b1": _np(rep1.bias), "repr_w2": _np(rep2.weight), "repr_b2": _np(rep2.bias),
+        "dyn_w1": _np(dyn1.weight), "dyn_b1": _np(dyn1.bias), "dyn_w2": _np(dyn2.weight), "dyn_b2": _np(dyn2.bias),
+        "rew_w1": _np(rew1.weight), "rew_b1": _np(rew1.bias), "rew_w2": _np(rew2.weight), "rew_b2": _np(rew2.bias),
+        "pred_w1": _np(pred1.weight), "pred_b1": _np(pred1.bias),
+        "pred_w2": _np(model.prediction_head.weight), "pred_b2": _np(model.prediction_head.bias),
+        "num_actions": np.int64(model.num_actions), "latent_dim": np.int64(model.latent_dim),
+        "hidden_dim": np.int64(rep1.out_features), "obs_dim": np.int64(OBS_DIM),
+        "value_support_size": np.int64(model.value_support.support_size),
+        "reward_support_size": np.int64(model.reward_support.support_size),
+        "epsilon": np.float64(model.value_support.epsilon), "scale_eps": np.float64(1e-5),
+        "num_simulations": np.int64(cfg.num_simulations), "discount": np.float64(cfg.discount),
+        "pb_c_base": np.float64(cfg.pb_c_base), "pb_c_init": np.float64(cfg.pb_c_init),
+        "dirichlet_alpha": np.float64(cfg.dirichlet_alpha), "dirichlet_fraction": np.float64(cfg.dirichlet_fraction),
+        "batches": np.array(BATCHES, dtype=np.int64),
+        "torch_version": np.array(torch.__version__), "layout_version": np.int64(1),
+    }
+    if model.reward_support.epsilon != model.value_support.epsilon:
+        raise ValueError("the exported layout has one epsilon for both supports.")
+    obs = torch.randn(max(BATCHES), OBS_DIM, generator=torch.Generator().manual_seed(0))
+    latent, logits, value_logits = model.initial_inference(obs)
+    value = model.value_support.decode(value_logits)
+    for B in BATCHES:
+        case[f"obs_B{B}"] = _np(obs[:B])
+        case[f"latent_B{B}"] = _np(latent[:B])
+        case[f"policy_logits_B{B}"] = _np(logits[:B])
+        case[f"value_B{B}"] = _np(value[:B])
+    actions = torch.randint(ACTIONS, (max(BATCHES),), generator=torch.Generator().manual_seed(1))
+    case["check_actions"] = _np(actions)
+    state = latent
+    for step, a in ((1, actions), (2, (actions + 1) % ACTIONS)):
+        state, reward, policy, value = model.recurrent_inference_scalar(state, a)
+        case[f"check_latent{step}"], case[f"check_reward{step}"] = _np(state), _np(reward)
+        case[f"check_policy{step}"], case[f"check_value{step}"] = _np(policy), _np(value)
+    return case
+
+
+def export(out: Path = DEFAULT_OUT) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(out, **build_case())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    print(export(args.out))
+
+
+if __name__ == "__main__":
+    main()

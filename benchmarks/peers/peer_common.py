@@ -1,0 +1,174 @@
+"""What every peer runner shares: numpy only, so it imports in any venv (numpy 1.x or 2.x).
+
+* :func:`single_thread` sets the one-thread flags (OpenMP, MKL, OpenBLAS, XLA)
+  and must run before torch / jax are imported.
+* :func:`load_case` reads the .npz of ``export_case.py``.
+* :class:`NumpyMLP` is the exported network in numpy, the reference the
+  runners' own (torch / jax) forwards are checked against, itself checked
+  against the exported outputs of our model.
+* :func:`check_forward` prints one JSON line with the max abs differences.
+* :func:`time_search` runs a search ``rounds`` times per batch size and
+  prints one JSON line per round: ``{"impl", "variant", "B", "round",
+  "seconds", "searches_per_s"}``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+ONE_THREAD_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+}
+
+
+def single_thread() -> None:
+    """One compute thread for numpy / torch / XLA (call before importing them)."""
+    for key, value in ONE_THREAD_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def emit(record: dict) -> None:
+    """One JSON line on stdout (what ``run_peers.py`` parses)."""
+    print(json.dumps(record), flush=True)
+
+
+def load_case(path: str) -> dict:
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def scale_latent(x: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    low = x.min(-1, keepdims=True)
+    high = x.max(-1, keepdims=True)
+    return (x - low) / np.maximum(high - low, eps)
+
+
+def inverse_h(y: np.ndarray, epsilon: float) -> np.ndarray:
+    root = (np.sqrt(1 + 4 * epsilon * (np.abs(y) + 1 + epsilon)) - 1) / (2 * epsilon)
+    return np.sign(y) * (root * root - 1)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+class NumpyMLP:
+    """The exported MuZero MLP in float32 numpy (one hidden layer per network)."""
+
+    def __init__(self, case: dict) -> None:
+        self.w = {k: case[k].astype(np.float32) for k in case if k[:4] in ("repr", "dyn_", "rew_", "pred")}
+        self.A = int(case["num_actions"])
+        self.L = int(case["latent_dim"])
+        self.eps = float(case["epsilon"])
+        self.scale_eps = float(case["scale_eps"])
+        self.value_bins = np.arange(-int(case["value_support_size"]), int(case["value_support_size"]) + 1,
+                                    dtype=np.float32)
+        self.reward_bins = np.arange(-int(case["reward_support_size"]), int(case["reward_support_size"]) + 1,
+                                     dtype=np.float32)
+
+    def _two(self, name: str, x: np.ndarray) -> np.ndarray:
+        w = self.w
+        h = np.maximum(x @ w[f"{name}_w1"].T + w[f"{name}_b1"], 0)
+        return h @ w[f"{name}_w2"].T + w[f"{name}_b2"]
+
+    def represent(self, obs: np.ndarray) -> np.ndarray:
+        return scale_latent(self._two("repr", obs), self.scale_eps)
+
+    def predict(self, latent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = self._two("pred", latent)
+        return out[:, : self.A], out[:, self.A:]
+
+    def decode(self, logits: np.ndarray, bins: np.ndarray) -> np.ndarray:
+        return inverse_h(softmax(logits) @ bins, self.eps)
+
+    def initial(self, obs: np.ndarray):
+        """``obs [B, 8]`` -> ``(latent, policy_logits, value)``."""
+        latent = self.represent(obs)
+        policy, value_logits = self.predict(latent)
+        return latent, policy, self.decode(value_logits, self.value_bins)
+
+    def recurrent(self, latent: np.ndarray, action: np.ndarray):
+        """``(latent [B, L], action [B])`` -> ``(next_latent, reward, policy_logits, value)``."""
+        one_hot = np.eye(self.A, dtype=np.float32)[np.asarray(action).reshape(-1)]
+        nxt = scale_latent(self._two("dyn", np.concatenate([latent, one_hot], -1)), self.scale_eps)
+        reward = self.decode(self._two("rew", nxt), self.reward_bins)
+        policy, value_logits = self.predict(nxt)
+        return nxt, reward, policy, self.decode(value_logits, self.value_bins)
+
+
+def check_forward(impl: str, case: dict, recurrent: Callable, initial: Callable | None = None,
+                  tol: float = 1e-3) -> float:
+    """Compare a runner's network with the exported outputs of ours; print and return the max abs diff.
+
+    ``recurrent(latent, action) -> (next_latent, reward, policy_logits, value)`` and
+    ``initial(obs) -> (latent, policy_logits, value)`` take and return numpy arrays.
+    Exits with status 3 when a difference exceeds ``tol`` (then the timings
+    would compare different trees).
+    """
+    diffs = {}
+    if initial is not None:
+        latent, policy, value = initial(case["obs_B256"])
+        diffs["initial_latent"] = float(np.abs(latent - case["latent_B256"]).max())
+        diffs["initial_policy"] = float(np.abs(policy - case["policy_logits_B256"]).max())
+        diffs["initial_value"] = float(np.abs(np.asarray(value).reshape(-1) - case["value_B256"]).max())
+    state = case["latent_B256"]
+    actions = case["check_actions"]
+    A = int(case["num_actions"])
+    for step, a in ((1, actions), (2, (actions + 1) % A)):
+        state, reward, policy, value = (np.asarray(x) for x in recurrent(state, a))
+        diffs[f"latent{step}"] = float(np.abs(state - case[f"check_latent{step}"]).max())
+        diffs[f"reward{step}"] = float(np.abs(reward.reshape(-1) - case[f"check_reward{step}"]).max())
+        diffs[f"policy{step}"] = float(np.abs(policy - case[f"check_policy{step}"]).max())
+        diffs[f"value{step}"] = float(np.abs(value.reshape(-1) - case[f"check_value{step}"]).max())
+    worst = max(diffs.values())
+    emit({"impl": impl, "check": "network", "max_abs_diff": worst, "diffs": diffs, "ok": worst <= tol})
+    if worst > tol:
+        print(f"{impl}: the re-implemented network differs from ours by {worst:g} > {tol:g}", file=sys.stderr)
+        sys.exit(3)
+    return worst
+
+
+def time_search(impl: str, variant: str, run: Callable[[int], object], batches, rounds: int = 3,
+                warmup: int = 1, **extra) -> list[dict]:
+    """Time ``run(B)`` (one whole search of ``B`` roots) ``rounds`` times per ``B``, after ``warmup`` calls."""
+    records = []
+    for B in batches:
+        for _ in range(warmup):
+            run(B)
+        for r in range(rounds):
+            start = time.perf_counter()
+            run(B)
+            seconds = time.perf_counter() - start
+            rec = {"impl": impl, "variant": variant, "B": int(B), "round": r, "seconds": seconds,
+                   "searches_per_s": B / seconds, **extra}
+            emit(rec)
+            records.append(rec)
+    return records
+
+
+def common_args(description: str):
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--case", required=True, help="the .npz written by export_case.py")
+    parser.add_argument("--variants", default="muzero,gumbel_muzero",
+                        help="comma-separated search variants to time")
+    parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default: the case's)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--check-only", action="store_true", help="check the network, time nothing")
+    return parser
+
+
+def batches_of(args, case: dict) -> list[int]:
+    if args.batches:
+        return [int(b) for b in args.batches.split(",")]
+    return [int(b) for b in case["batches"]]
