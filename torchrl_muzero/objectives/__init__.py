@@ -1,5 +1,6 @@
 from torchrl_muzero.objectives.terms import LossTerm, scale_gradient
 from torchrl_muzero.objectives.unrolled import UnrolledModelLoss
 from torchrl_muzero.objectives.muzero import MuZeroLoss
+from torchrl_muzero.objectives.efficientzero import EfficientZeroLoss
 
-__all__ = ["LossTerm", "MuZeroLoss", "UnrolledModelLoss", "scale_gradient"]
+__all__ = ["EfficientZeroLoss", "LossTerm", "MuZeroLoss", "UnrolledModelLoss", "scale_gradient"]
