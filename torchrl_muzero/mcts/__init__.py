@@ -7,3 +7,6 @@ __all__ = ["MCTSConfig", "Tree", "allocate_tree", "SearchResult", "search", "sea
 from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig, gumbel_muzero_search, gumbel_search
 
 __all__ += ["GumbelMCTSConfig", "gumbel_muzero_search", "gumbel_search"]
+from torchrl_muzero.mcts.stochastic import stochastic_muzero_search, stochastic_search
+
+__all__ += ["stochastic_muzero_search", "stochastic_search"]

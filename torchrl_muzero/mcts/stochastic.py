@@ -1,0 +1,246 @@
+"""Stochastic MuZero's search policy over the shared loop (:mod:`torchrl_muzero.mcts.loop`).
+
+Decision nodes (states) and chance nodes (afterstates) alternate in one tree
+whose nodes all have ``A + C`` edge slots: ``0..A-1`` are actions (used at
+decision nodes), ``A..A+C-1`` chance codes (used at chance nodes); the model
+marks the other kind's slots with ``-inf`` logits, which no rule selects
+(:func:`~torchrl_muzero.mcts.puct.selectable`). The node type is the
+``"is_chance"`` entry of the node state
+(:class:`~torchrl_muzero.modules.StochasticMuZeroModel`).
+
+* Root: a decision node; Dirichlet noise on its ``A`` legal slots, pUCT.
+* Interior decision nodes: pUCT (the tree-wide min-max statistics see every
+  edge, the ``q = 0 + 1 * value(chance node)`` of decision-to-chance edges
+  included).
+* Chance nodes: :class:`ChanceRule`, the deterministic
+  ``argmax_c sigma(c) / (N(c) + 1)`` of mctx's ``stochastic_muzero_policy``
+  (LightZero samples ``c ~ sigma`` with an unseeded generator instead).
+* Result: visit counts, policy target and action over the first ``A``
+  slots only.
+
+The search runs in torch ops (any device); the C++ kernel has no chance
+rule yet (:attr:`ChanceRule.cpp_rule` names the one a port would add).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from torchrl_muzero.mcts.config import MCTSConfig
+from torchrl_muzero.mcts.loop import run_search, start_tree
+from torchrl_muzero.mcts.noise import sample_dirichlet
+from torchrl_muzero.mcts.puct import selectable
+from torchrl_muzero.mcts.rules import PUCT
+from torchrl_muzero.mcts.search import SearchResult, check_action_mask, select_action
+from torchrl_muzero.mcts.tree import Tree
+from torchrl_muzero.modules.step import ModelStep
+
+__all__ = ["ChanceRule", "StochasticRule", "stochastic_muzero_search", "stochastic_search"]
+
+
+@dataclass(frozen=True)
+class ChanceRule:
+    """Chance-node selection: ``argmax_c sigma(c) / (N(c) + 1)`` over the chance slots.
+
+    ``sigma`` is the node's stored prior (``tree.children_prior``, the softmax
+    of its logits; no noise is mixed in below the root), ``N(c)`` the visit
+    count of the child on slot ``c`` (0 while unexpanded). Deterministic;
+    ties go to the lowest slot. The first ``num_actions`` slots (decision
+    slots) and slots with ``-inf`` logits are never picked.
+
+    Float expression order (float32, for a C++ port): ``score_c =
+    prior_c / (1.0f + (float)N_c)``, then the first index of the maximum over
+    the selectable chance slots.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.mcts import allocate_tree
+        >>> from torchrl_muzero.mcts.stochastic import ChanceRule
+        >>> tree = allocate_tree(1, 4, 1 + 3, torch.Size([1]), torch.device("cpu"))
+        >>> tree.children_logits[0, 0] = torch.tensor([0.0, 0.5, 0.25, 0.25]).log()
+        >>> tree.children_prior[0, 0] = torch.softmax(tree.children_logits[0, 0], -1)
+        >>> rule, node = ChanceRule(num_actions=1), torch.zeros(1, dtype=torch.long)
+        >>> picks = []
+        >>> for n in range(1, 5):   # expand the picked slot as node n and visit it once
+        ...     slot = int(rule(tree, node, 1))
+        ...     picks.append(slot)
+        ...     if tree.children_index[0, 0, slot] < 0:
+        ...         tree.children_index[0, 0, slot] = n
+        ...     tree.visit_count[0, tree.children_index[0, 0, slot]] += 1
+        >>> picks   # codes 0, 0, 1, 2: visits [2, 1, 1]
+        [1, 1, 2, 3]
+    """
+
+    num_actions: int
+    cpp_rule = "chance"
+
+    @property
+    def cpp_params(self) -> tuple[float]:
+        return (float(self.num_actions),)
+
+    def __call__(self, tree: Tree, node: torch.Tensor, depth: int) -> torch.Tensor:
+        rows = torch.arange(tree.batch_size, device=node.device)
+        child = tree.children_index[rows, node].long()
+        visits = torch.where(child >= 0, tree.visit_count.gather(1, child.clamp_min(0)), 0).float()
+        score = tree.children_prior[rows, node] / (1.0 + visits)
+        ok = selectable(tree, node)
+        ok[:, : self.num_actions] = False
+        return score.masked_fill(~ok, -math.inf).argmax(-1)
+
+
+@dataclass(frozen=True)
+class StochasticRule:
+    """The interior rule: ``where(node is a chance node, chance rule, decision rule)``.
+
+    Reads the node type from ``tree.embeddings[state_key]`` (``[B, N]``
+    bool). Both rules are evaluated on the whole batch and one is kept per
+    row.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.mcts.rules import PUCT
+        >>> from torchrl_muzero.mcts.stochastic import ChanceRule, StochasticRule
+        >>> rule = StochasticRule(PUCT(), ChanceRule(num_actions=2))
+        >>> rule.cpp_rule, rule.cpp_params
+        ('stochastic', ((19652.0, 1.25), (2.0,)))
+    """
+
+    decision: PUCT
+    chance: ChanceRule
+    state_key: str = "is_chance"
+    cpp_rule = "stochastic"
+
+    @property
+    def cpp_params(self) -> tuple:
+        return (self.decision.cpp_params, self.chance.cpp_params)
+
+    def __call__(self, tree: Tree, node: torch.Tensor, depth: int) -> torch.Tensor:
+        rows = torch.arange(tree.batch_size, device=node.device)
+        is_chance = tree.embeddings.get(self.state_key)[rows, node]
+        return torch.where(is_chance, self.chance(tree, node, depth), self.decision(tree, node, depth))
+
+
+def stochastic_muzero_search(
+    model,
+    root: ModelStep,
+    config: MCTSConfig,
+    action_mask: torch.Tensor | None = None,
+    two_player: bool = False,
+    add_noise: bool = True,
+    generator: torch.Generator | None = None,
+) -> SearchResult:
+    """Stochastic MuZero's policy over the shared loop, from a root :class:`ModelStep`.
+
+    ``root`` is ``model.search_root(observation)`` (logits ``[B, A + C]``,
+    ``-inf`` on the chance slots); ``model.search_step(state, slot,
+    discount=config.discount)`` expands the tree. ``action_mask [B, A]``
+    masks the root's actions. The result's ``visit_counts``,
+    ``search_policy`` and ``action`` cover the ``A`` actions; ``tree`` keeps
+    all ``A + C`` slots.
+
+    Raises:
+        ValueError: for ``two_player`` (not supported: the chance player's
+            turn makes the sign convention of the alternating-value search
+            ambiguous), for ``config.backend == "cpp"`` (no C++ chance rule
+            yet) or root logits that are not ``[B, A + C]``.
+    """
+    if two_player:
+        raise ValueError(
+            "stochastic_muzero_search does not support two-player games (to_play / two_player): "
+            "Stochastic MuZero's search here is single-agent."
+        )
+    if config.backend == "cpp":
+        raise ValueError(
+            "stochastic_muzero_search runs in torch ops only (the C++ kernel has no chance rule yet); "
+            "use MCTSConfig(backend='auto') or 'torch'."
+        )
+    A = int(model.num_actions)
+    B, slots = root.policy_logits.shape
+    C = slots - A
+    expected = getattr(model, "chance_space_size", None)
+    if C < 1 or (expected is not None and C != expected):
+        raise ValueError(
+            f"stochastic_muzero_search expects root logits of shape [B, A + C] = [{B}, {A} + "
+            f"{expected if expected is not None else 'C'}] (model.search_root pads the chance slots), "
+            f"got {tuple(root.policy_logits.shape)}."
+        )
+    device = root.policy_logits.device
+    legal = check_action_mask(action_mask, B, A, device)
+    no_chance = torch.zeros(B, C, dtype=torch.bool, device=device)
+    tree = start_tree(root, config.num_simulations, torch.cat([legal, no_chance], -1), config.discount)
+    if add_noise and config.dirichlet_fraction > 0:
+        noise = sample_dirichlet(config.dirichlet_alpha, legal, generator)  # same draws as MuZero's
+        noise = torch.cat([noise, torch.zeros(B, C, device=device)], -1)
+        tree.children_prior[:, 0] = (
+            (1 - config.dirichlet_fraction) * tree.children_prior[:, 0] + config.dirichlet_fraction * noise
+        )
+    decision = PUCT(config.pb_c_base, config.pb_c_init)
+    interior = StochasticRule(decision, ChanceRule(A))
+    step = functools.partial(model.search_step, discount=config.discount)
+    run_search(tree, step, config.num_simulations, decision, interior, config.discount, ops=None)
+
+    visit_counts = tree.root_child_visits()[:, :A]
+    search_policy = visit_counts.float() / visit_counts.sum(-1, keepdim=True).clamp_min(1)
+    root_value = tree.value_sum[:, 0] / tree.visit_count[:, 0].clamp_min(1).float()
+    action = select_action(visit_counts, config.temperature, generator)
+    return SearchResult(visit_counts, search_policy, root_value, action, tree)
+
+
+@torch.no_grad()
+def stochastic_search(
+    model,
+    observation: torch.Tensor,
+    config: MCTSConfig,
+    action_mask: torch.Tensor | None = None,
+    to_play: torch.Tensor | None = None,
+    add_noise: bool = True,
+    generator: torch.Generator | None = None,
+) -> SearchResult:
+    """Run one Stochastic MuZero search for each of the ``B`` observations (``mcts.search``'s signature).
+
+    Args:
+        model: a :class:`~torchrl_muzero.modules.StochasticMuZeroModel`.
+        observation: ``[B, *observation_shape]``, moved to the model's device.
+        config: the search settings (``config.discount`` is the discount of
+            the chance-to-decision edges; decision-to-chance edges use 1).
+        action_mask: optional ``[B, A]`` bool, legal actions at the root.
+        to_play: must be ``None`` (two-player games are not supported).
+        add_noise: mix Dirichlet noise into the root priors.
+        generator: source of randomness (noise and action draws).
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.modules import StochasticMuZeroMLPModel
+        >>> from torchrl_muzero.mcts import MCTSConfig
+        >>> from torchrl_muzero.mcts.stochastic import stochastic_search
+        >>> model = StochasticMuZeroMLPModel((4,), 2, chance_space_size=3, latent_dim=8, hidden_dim=8)
+        >>> out = stochastic_search(model, torch.randn(3, 4), MCTSConfig(num_simulations=10))
+        >>> out.visit_counts.shape, out.visit_counts.sum(-1)
+        (torch.Size([3, 2]), tensor([10, 10, 10]))
+        >>> out.tree.num_actions, bool(out.tree.embeddings["is_chance"][:, 0].any())
+        (5, False)
+    """
+    if to_play is not None:
+        raise ValueError(
+            "stochastic_search does not support two-player games: got to_play; "
+            "Stochastic MuZero's search here is single-agent."
+        )
+    model.check_observation(observation)
+    if observation.ndim != len(model.observation_shape) + 1:
+        raise ValueError(
+            f"stochastic_search expects observations of shape "
+            f"[B, {', '.join(map(str, model.observation_shape))}], got {tuple(observation.shape)}."
+        )
+    device = next(model.parameters()).device
+    root = model.search_root(observation.to(device))
+    return stochastic_muzero_search(
+        model,
+        root,
+        config,
+        action_mask=None if action_mask is None else action_mask.to(device),
+        add_noise=add_noise,
+        generator=generator,
+    )
