@@ -1,0 +1,210 @@
+"""Search speed side by side: ours, LightZero 0.2.0's C++ trees and mctx, same network, same roots.
+
+Run from the repository's venv (the peers run in their own venvs, see DEVELOPERS.md):
+
+    python benchmarks/peers/run_peers.py [--variants muzero,gumbel_muzero] [--batches 1,8,64,256]
+                                         [--rounds 3] [--json-out results.jsonl]
+
+It exports the case (``export_case.py``), times our search on it in this
+process, then runs ``lightzero_search.py`` with ``$TORCHRL_MUZERO_LZ_PYTHON``
+(default ``/work/peers/lz/bin/python``) and ``mctx_search.py`` with
+``$TORCHRL_MUZERO_MCTX_PYTHON`` (default ``/work/peers/mctx/bin/python``) as
+subprocesses, and prints one table of searches/s (the median of the rounds;
+one search = one root; 50 simulations, 6 actions, root noise on, one thread).
+A peer whose python is missing or cannot import its package is skipped with a
+message. Every implementation first checks its re-built network against ours
+(max abs diff printed); the timings start from the exported root latents and
+logits (no representation call).
+
+Ours: ``cpp`` is the fused C++ search (network in the kernel), ``cpp-loop``
+the C++ tree with the model called from Python per simulation, ``torch`` the
+tree in tensor ops; Gumbel runs over the shared loop (``cpp`` backend
+selects it in torch, see ``gumbel_muzero_search``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import peer_common as pc  # noqa: E402
+
+pc.single_thread()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import export_case  # noqa: E402
+
+PEERS = {
+    "lightzero": ("TORCHRL_MUZERO_LZ_PYTHON", "/work/peers/lz/bin/python", "lightzero_search.py",
+                  "from lzero.mcts.ctree.ctree_muzero import mz_tree"),
+    "mctx": ("TORCHRL_MUZERO_MCTX_PYTHON", "/work/peers/mctx/bin/python", "mctx_search.py", "import mctx, jax"),
+}
+
+
+# -- ours ---------------------------------------------------------------------
+def _our_runs(case: dict, variants: list[str]):
+    """``{(impl, variant): run(B)}`` for our searches on the case."""
+    from torchrl_muzero.mcts import MCTSConfig, _cpp, search_from_root
+
+    model = export_case.canonical_model()
+    sims = int(case["num_simulations"])
+    gen = torch.Generator().manual_seed(0)
+    tensors = {k: torch.from_numpy(v) for k, v in case.items() if k.startswith(("latent_B", "policy_logits_B",
+                                                                               "value_B"))}
+    has_cpp = _cpp.load_tree_ops() is not None
+    runs = {}
+
+    if "muzero" in variants:
+        for backend in (["cpp", "cpp-loop"] if has_cpp else []) + ["torch"]:
+            cfg = MCTSConfig(num_simulations=sims, backend=backend.split("-")[0])
+            m = export_case.canonical_model()
+            if backend == "cpp-loop":
+                m.fused_search_weights = lambda: None
+
+            def run(B, m=m, cfg=cfg):
+                out = search_from_root(m, tensors[f"latent_B{B}"], tensors[f"policy_logits_B{B}"], cfg, generator=gen)
+                return out.visit_counts
+
+            runs[(f"ours-{backend}", "muzero")] = run
+
+    if "gumbel_muzero" in variants:
+        try:
+            from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig, gumbel_muzero_search
+            from torchrl_muzero.modules.step import ModelStep
+        except ImportError as err:
+            print(f"ours: no Gumbel search here ({err})", file=sys.stderr)
+        else:
+            for backend in (["cpp"] if has_cpp else []) + ["torch"]:
+                cfg = GumbelMCTSConfig(num_simulations=sims, max_num_considered_actions=16, backend=backend)
+
+                @torch.no_grad()
+                def run(B, cfg=cfg):
+                    value = tensors[f"value_B{B}"]
+                    root = ModelStep(tensors[f"latent_B{B}"], torch.zeros_like(value), tensors[f"policy_logits_B{B}"],
+                                     value)
+                    return gumbel_muzero_search(model, root, cfg, generator=gen).visit_counts
+
+                runs[(f"ours-{backend}", "gumbel_muzero")] = run
+    return model, runs
+
+
+def run_ours(case: dict, variants: list[str], batches: list[int], rounds: int) -> list[dict]:
+    torch.set_num_threads(1)
+    model, runs = _our_runs(case, variants)
+    with torch.no_grad():  # our network against the exported outputs (the same code: a sanity check)
+        def recurrent(latent, action):
+            out = model.recurrent_inference_scalar(torch.from_numpy(latent), torch.from_numpy(action).long())
+            return tuple(x.numpy() for x in out)
+
+        def initial(obs):
+            latent, logits, value_logits = model.initial_inference(torch.from_numpy(obs))
+            return latent.numpy(), logits.numpy(), model.value_support.decode(value_logits).numpy()
+
+        pc.check_forward("ours", case, recurrent, initial)
+    records = []
+    sims = int(case["num_simulations"])
+    for (impl, variant), run in runs.items():
+        visits = run(1)
+        if int(visits.sum()) != sims:
+            pc.emit({"impl": impl, "variant": variant, "warning": f"root visits sum to {int(visits.sum())}"})
+        records += pc.time_search(impl, variant, run, batches, rounds=rounds, torch=torch.__version__)
+    return records
+
+
+# -- peers --------------------------------------------------------------------
+def run_peer(name: str, case_path: Path, variants: list[str], batches: list[int], rounds: int,
+             timeout: float) -> list[dict]:
+    env_var, default, script, probe = PEERS[name]
+    python = os.environ.get(env_var, default)
+    if not Path(python).exists():
+        print(f"{name}: skipped, no python at {python} (set ${env_var}; see DEVELOPERS.md)", file=sys.stderr)
+        return []
+    env = {**os.environ, **pc.ONE_THREAD_ENV, "PYTHONWARNINGS": "ignore"}
+    ok = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    if ok.returncode != 0:
+        last = (ok.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"{name}: skipped, {python} cannot `{probe}`: {last}", file=sys.stderr)
+        return []
+    cmd = [python, str(HERE / script), "--case", str(case_path), "--variants", ",".join(variants),
+           "--batches", ",".join(map(str, batches)), "--rounds", str(rounds)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{name}: timed out after {timeout:.0f} s", file=sys.stderr)
+        return []
+    records = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            print(line, flush=True)
+            records.append(rec)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        print(f"{name}: exited with {proc.returncode}:\n{tail}", file=sys.stderr)
+    return records
+
+
+# -- table --------------------------------------------------------------------
+def table(records: list[dict]) -> str:
+    timed = [r for r in records if "searches_per_s" in r]
+    impls = list(dict.fromkeys(r["impl"] for r in timed))
+    keys = list(dict.fromkeys((r["variant"], r["B"]) for r in timed))
+    cells = {}
+    for r in timed:
+        cells.setdefault((r["variant"], r["B"], r["impl"]), []).append(r["searches_per_s"])
+    head = f"{'variant':<14} {'B':>4} " + " ".join(f"{i:>15}" for i in impls)
+    lines = [head, "-" * len(head)]
+    for variant, B in keys:
+        row = [f"{statistics.median(cells[(variant, B, i)]):15.1f}" if (variant, B, i) in cells else f"{'-':>15}"
+               for i in impls]
+        lines.append(f"{variant:<14} {B:>4} " + " ".join(row))
+    checks = [r for r in records if r.get("check") == "network"]
+    lines.append("network check (max abs diff vs ours): "
+                 + ", ".join(f"{r['impl']} {r['max_abs_diff']:.2g}" for r in checks))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", default="muzero,gumbel_muzero")
+    parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--peers", default="lightzero,mctx", help="comma-separated; empty for ours only")
+    parser.add_argument("--no-ours", action="store_true")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per peer")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    batches = [int(b) for b in args.batches.split(",")]
+    load = {"loadavg_start": os.getloadavg()}
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        case_path = export_case.export(Path(tmp) / "case.npz")
+        case = pc.load_case(str(case_path))
+        if not args.no_ours:
+            records += run_ours(case, variants, batches, args.rounds)
+        for name in [p for p in args.peers.split(",") if p]:
+            records += run_peer(name, case_path, variants, batches, args.rounds, args.timeout)
+    load["loadavg_end"] = os.getloadavg()
+    print()
+    print(table(records))
+    print(f"load average (1, 5, 15 min) at start {tuple(round(x, 2) for x in load['loadavg_start'])}, "
+          f"at end {tuple(round(x, 2) for x in load['loadavg_end'])}; {os.cpu_count()} cores")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            for r in records + [load]:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    main()
