@@ -20,6 +20,36 @@ The rules read the root noise and the per-root considered-visit sequence from
 ``"considered_visits" [B, n]``). They name ``cpp_rule`` / ``cpp_params`` for
 a C++ port; until the kernel knows them the loop runs the torch descent even
 when ``ops`` is given.
+
+float32 contract (for the C++ port; every quantity float32, ``A`` actions of
+the node ``s``, ``N[a]`` its child visit counts as floats, ``q[a] =
+children_reward[s, a] + children_discount[s, a] * (value_sum[c] /
+max(N[a], 1))`` for the child ``c``, sums over ``a`` by torch's ``sum``)::
+
+    # completed Q (qtransform.py), the same at the root and below it
+    prior   = softmax(children_logits[s])                 # torch.softmax, -inf logits give 0
+    p       = max(prior, FLT_MIN)                         # float32 smallest normal
+    sum_n   = sum(N)
+    sum_p   = sum(N > 0 ? p : 0)
+    wq      = sum(N > 0 ? (p * q) / sum_p : 0)
+    mixed   = (raw_value[s] + sum_n * wq) / (sum_n + 1)
+    cq      = N > 0 ? q : mixed                          # every action, unselectable ones too
+    cq      = (cq - min(cq)) / max(max(cq) - min(cq), 1e-8)          # if rescale_values
+    sigma   = ((maxvisit_init + max(N)) * value_scale) * cq
+
+    # root rule (GumbelRootRule, seq_halving.score_considered); i = sum(N) as an integer
+    v       = considered_visits[b, i]
+    z       = children_logits[0] - max(children_logits[0])
+    score   = max(-1e9, (gumbel + z) + sigma)
+    score   = (N == v && root_legal) ? score : -inf      ->  first argmax
+
+    # interior rule (GumbelInteriorRule)
+    pi      = softmax(children_logits[s] + sigma)
+    score   = pi - N / (1 + sum(N))
+    score   = children_logits[s] > -inf ? score : -inf  ->  first argmax
+
+``cpp_params`` of both rules: ``(value_scale, maxvisit_init,
+float(rescale_values))``; epsilon is 1e-8.
 """
 from __future__ import annotations
 
@@ -31,7 +61,7 @@ import torch
 from torchrl_muzero.mcts.config import MCTSConfig
 from torchrl_muzero.mcts.loop import run_search, start_tree
 from torchrl_muzero.mcts.puct import selectable
-from torchrl_muzero.mcts.qtransform import sigma_completed_q
+from torchrl_muzero.mcts.qtransform import sigma_and_visits
 from torchrl_muzero.mcts.search import SearchResult, _resolve_backend, check_action_mask
 from torchrl_muzero.mcts.seq_halving import considered_visit_table, score_considered
 from torchrl_muzero.mcts.tree import Tree
@@ -156,8 +186,7 @@ class GumbelRootRule:
 
     def __call__(self, tree: Tree, node: torch.Tensor, depth: int) -> torch.Tensor:
         rows = torch.arange(tree.batch_size, device=node.device)
-        sigma = sigma_completed_q(tree, node, self.value_scale, self.maxvisit_init, self.rescale_values)
-        _, visits, _ = tree.child_values(node)
+        sigma, visits = sigma_and_visits(tree, node, self.value_scale, self.maxvisit_init, self.rescale_values)
         sim = visits.sum(-1).long()
         table = tree.extra["considered_visits"]
         considered = table[rows, sim.clamp_max(table.shape[1] - 1)]
@@ -202,8 +231,7 @@ class GumbelInteriorRule:
 
     def __call__(self, tree: Tree, node: torch.Tensor, depth: int) -> torch.Tensor:
         rows = torch.arange(tree.batch_size, device=node.device)
-        sigma = sigma_completed_q(tree, node, self.value_scale, self.maxvisit_init, self.rescale_values)
-        _, visits, _ = tree.child_values(node)
+        sigma, visits = sigma_and_visits(tree, node, self.value_scale, self.maxvisit_init, self.rescale_values)
         pi = torch.softmax(tree.children_logits[rows, node] + sigma, -1)
         score = pi - visits / (1.0 + visits.sum(-1, keepdim=True))
         return score.masked_fill(~selectable(tree, node), -math.inf).argmax(-1)
@@ -266,7 +294,7 @@ def gumbel_muzero_search(
 def gumbel_result(tree: Tree, config: GumbelMCTSConfig) -> SearchResult:
     """Gumbel MuZero's reading of a finished tree: the halving winner and the improved policy."""
     root = torch.zeros(tree.batch_size, dtype=torch.long, device=tree.visit_count.device)
-    sigma = sigma_completed_q(tree, root, config.value_scale, config.maxvisit_init, config.rescale_values)
+    sigma, _ = sigma_and_visits(tree, root, config.value_scale, config.maxvisit_init, config.rescale_values)
     visit_counts = tree.root_child_visits()
     logits = tree.children_logits[:, 0]
     legal = tree.root_legal

@@ -17,7 +17,7 @@ import torch
 
 from torchrl_muzero.mcts.tree import Tree
 
-__all__ = ["mixed_value", "completed_qvalues", "sigma_completed_q"]
+__all__ = ["mixed_value", "completed_qvalues", "sigma_completed_q", "sigma_and_visits"]
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -108,6 +108,18 @@ def sigma_completed_q(
         >>> sigma_completed_q(tree, torch.zeros(1, dtype=torch.long), value_scale=0.5, maxvisit_init=2.0)
         tensor([[2., 0.]])
     """
+    return sigma_and_visits(tree, node, value_scale, maxvisit_init, rescale_values, epsilon)[0]
+
+
+def sigma_and_visits(
+    tree: Tree,
+    node: torch.Tensor,
+    value_scale: float = 0.1,
+    maxvisit_init: float = 50.0,
+    rescale_values: bool = True,
+    epsilon: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sigma(completedQ) [B, A], child visits [B, A] float)`` below ``node [B]``: what the Gumbel rules read."""
     completed, visits = completed_qvalues(tree, node, rescale_values, epsilon)
     scale = (maxvisit_init + visits.max(-1, keepdim=True).values) * value_scale
-    return scale * completed
+    return scale * completed, visits
