@@ -8,3 +8,5 @@ __all__ = ["CategoricalSupport", "ModelStep", "MuZeroModel", "MuZeroMLPModel", "
 from torchrl_muzero.modules.stochastic import StochasticMuZeroModel, StochasticMuZeroMLPModel, straight_through_one_hot
 
 __all__ += ["StochasticMuZeroModel", "StochasticMuZeroMLPModel", "straight_through_one_hot"]
+from torchrl_muzero.modules.efficientzero import EfficientZeroMLPModel, EfficientZeroModel, EfficientZeroResNetModel  # noqa: E402
+__all__ += ["EfficientZeroModel", "EfficientZeroMLPModel", "EfficientZeroResNetModel"]

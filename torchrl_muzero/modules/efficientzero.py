@@ -179,15 +179,22 @@ class EfficientZeroModel(MuZeroModel):
         return next_latent, lstm_state, prefix_logits, policy_logits, value_logits
 
     # -- MuZero's reward API does not apply ---------------------------------------------
-    def dynamics(self, latent, action):
+    def dynamics(self, latent: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raises ``NotImplementedError``: there is no per-step reward (see :meth:`dynamics_prefix`)."""
         raise NotImplementedError(_NO_REWARD.format(name=type(self).__name__, method="dynamics"))
 
-    def recurrent_inference(self, latent, action):
+    def recurrent_inference(
+        self, latent: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Raises ``NotImplementedError``: use :meth:`recurrent_inference_prefix`."""
         raise NotImplementedError(
             _NO_REWARD.format(name=type(self).__name__, method="recurrent_inference")
         )
 
-    def recurrent_inference_scalar(self, latent, action):
+    def recurrent_inference_scalar(
+        self, latent: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Raises ``NotImplementedError``: the search calls :meth:`search_step`."""
         raise NotImplementedError(
             _NO_REWARD.format(name=type(self).__name__, method="recurrent_inference_scalar")
         )

@@ -1,12 +1,17 @@
 """Pieces shared by the unrolled losses: the gradient scale, one loss term, SimSiam heads."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
 from torch import nn
 
-__all__ = ["LossTerm", "default_predictor", "default_projector", "scale_gradient"]
+__all__ = [
+    "LossTerm", "default_predictor", "default_projector", "latent_numel", "scale_gradient", "write_priority",
+]
 
 
 def scale_gradient(tensor: torch.Tensor, scale: float) -> torch.Tensor:
@@ -81,3 +86,37 @@ def default_predictor(dim: int, hidden_dim: int) -> nn.Module:
         nn.ReLU(),
         nn.Linear(hidden_dim, dim),
     )
+
+
+def latent_numel(model: nn.Module) -> int:
+    """Size of one flattened latent of ``model``, found by one representation pass.
+
+    The model's train / eval modes are restored afterwards (no batch-norm
+    statistics update, no batch-of-one failure).
+    """
+    device = next(itertools.chain(model.parameters(), model.buffers())).device
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            latent = model.initial_inference(torch.zeros(1, *model.observation_shape, device=device))[0]
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+    return int(latent[0].numel())
+
+
+def write_priority(tensordict: TensorDictBase, key: NestedKey, priority: torch.Tensor, name: str) -> None:
+    """Write ``priority [B]`` under ``key``: ``[B]`` for a batch size ``[B]`` (or ``[]``),
+    else broadcast over the tensordict's batch shape (e.g. ``[B, K+1]``, rows constant)."""
+    batch_size = tensordict.batch_size
+    B = priority.shape[0]
+    if len(batch_size) == 0:
+        tensordict.set(key, priority)
+        return
+    if batch_size[0] != B:
+        raise ValueError(
+            f"{name}: cannot write priorities [{B}] into a tensordict of batch size {tuple(batch_size)}."
+        )
+    value = priority.reshape(B, *([1] * (len(batch_size) - 1))).expand(batch_size)
+    tensordict.set(key, value.contiguous())

@@ -25,7 +25,6 @@ weight and the reduction to it the same way as to every other term.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +39,9 @@ from torchrl_muzero.objectives.terms import (
     LossTerm,
     default_predictor,
     default_projector,
+    latent_numel,
     scale_gradient,
+    write_priority,
 )
 
 __all__ = ["UnrolledModelLoss"]
@@ -206,29 +207,13 @@ class UnrolledModelLoss(LossModule):
         if self.consistency_loss_weight > 0 or projector is not None or predictor is not None:
             if projector is None:
                 projector = default_projector(
-                    self._latent_numel(model), int(projection_hidden_dim), int(projection_dim)
+                    latent_numel(model), int(projection_hidden_dim), int(projection_dim)
                 )
             if predictor is None:
                 predictor = default_predictor(int(projection_dim), int(prediction_hidden_dim))
         self.projector = projector
         self.predictor = predictor
         self._in_keys = None
-
-    @staticmethod
-    def _latent_numel(model: nn.Module) -> int:
-        """Size of one flattened latent, found by one representation pass."""
-        device = next(itertools.chain(model.parameters(), model.buffers())).device
-        modes = {module: module.training for module in model.modules()}
-        model.eval()  # no batch-norm statistics update, no batch-of-one failure
-        try:
-            with torch.no_grad():
-                latent = model.initial_inference(
-                    torch.zeros(1, *model.observation_shape, device=device)
-                )[0]
-        finally:
-            for module, mode in modes.items():
-                module.training = mode
-        return int(latent[0].numel())
 
     # -- keys ------------------------------------------------------------------
     def _forward_value_estimator_keys(self, **kwargs) -> None:
@@ -611,18 +596,5 @@ class UnrolledModelLoss(LossModule):
         priority, logs = self._priorities(inputs, unrolled)
         out["priority"] = priority
         out.update(logs)
-        self._write_priority(tensordict, priority)
+        write_priority(tensordict, self.tensor_keys.priority, priority, type(self).__name__)
         return TensorDict(out, batch_size=[])
-
-    def _write_priority(self, tensordict: TensorDictBase, priority: torch.Tensor) -> None:
-        batch_size = tensordict.batch_size
-        B = priority.shape[0]
-        if len(batch_size) == 0:
-            return tensordict.set(self.tensor_keys.priority, priority)
-        if batch_size[0] != B:
-            raise ValueError(
-                f"{type(self).__name__}: cannot write priorities [{B}] into a tensordict of batch "
-                f"size {tuple(batch_size)}."
-            )
-        value = priority.reshape(B, *([1] * (len(batch_size) - 1))).expand(batch_size)
-        tensordict.set(self.tensor_keys.priority, value.contiguous())
