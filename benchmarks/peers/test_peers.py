@@ -1,0 +1,74 @@
+"""The peer harness itself (fast, no peer venv needed): the exported case, the numpy reference, skipping.
+
+Run: python -m pytest -q benchmarks/peers/test_peers.py
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import export_case  # noqa: E402
+import peer_common as pc  # noqa: E402
+import run_peers  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    path = export_case.export(tmp_path_factory.mktemp("peers") / "case.npz")
+    return path, pc.load_case(str(path))
+
+
+def test_case_layout(case):
+    _, c = case
+    A, L, H = int(c["num_actions"]), int(c["latent_dim"]), int(c["hidden_dim"])
+    assert (A, L, H) == (6, 64, 64) and int(c["num_simulations"]) == 50
+    assert c["dyn_w1"].shape == (H, L + A) and c["pred_w2"].shape == (A + 601, H) and c["rew_w2"].shape == (601, H)
+    for B in c["batches"]:
+        assert c[f"latent_B{B}"].shape == (B, L) and c[f"policy_logits_B{B}"].shape == (B, A)
+        np.testing.assert_array_equal(c[f"obs_B{B}"], c["obs_B256"][:B])
+    latent = c["latent_B256"]
+    assert np.allclose(latent.min(-1), 0) and np.allclose(latent.max(-1), 1)  # scale_latent
+
+
+def test_export_is_deterministic(case, tmp_path):
+    _, c = case
+    again = pc.load_case(str(export_case.export(tmp_path / "again.npz")))
+    for k in c:
+        np.testing.assert_array_equal(c[k], again[k])
+
+
+def test_numpy_reference_matches_our_network(case, capsys):
+    _, c = case
+    net = pc.NumpyMLP(c)
+    worst = pc.check_forward("numpy", c, net.recurrent, net.initial)
+    assert worst < 1e-3 and '"ok": true' in capsys.readouterr().out
+
+
+def test_check_forward_refuses_a_different_network(case):
+    _, c = case
+    net = pc.NumpyMLP(c)
+
+    def off(latent, action):
+        nxt, reward, policy, value = net.recurrent(latent, action)
+        return nxt, reward + 0.1, policy, value
+
+    with pytest.raises(SystemExit) as err:
+        pc.check_forward("off", c, off)
+    assert err.value.code == 3
+
+
+def test_missing_peer_is_skipped(case, monkeypatch, capsys):
+    path, _ = case
+    monkeypatch.setenv("TORCHRL_MUZERO_LZ_PYTHON", "/nonexistent/python")
+    assert run_peers.run_peer("lightzero", path, ["muzero"], [1], 1, timeout=60) == []
+    assert "skipped, no python at /nonexistent/python" in capsys.readouterr().err
+
+
+def test_table_lays_out_medians():
+    recs = [{"impl": "a", "variant": "muzero", "B": 1, "searches_per_s": v} for v in (1.0, 3.0, 2.0)]
+    recs += [{"impl": "b", "variant": "muzero", "B": 1, "searches_per_s": 10.0},
+             {"impl": "a", "check": "network", "max_abs_diff": 0.0}]
+    out = run_peers.table(recs)
+    assert "2.0" in out and "10.0" in out and "network check" in out
