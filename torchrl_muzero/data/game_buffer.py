@@ -58,8 +58,8 @@ from torchrl_muzero.data import buffer_state
 from torchrl_muzero.data.frames import FrameStack
 from torchrl_muzero.data.off_policy_correction import corrected_td_steps, shorten_horizon
 from torchrl_muzero.data.reanalyze import ReanalyzeSearch, bootstrap_values, muzero_reanalyze, reanalyze_policies
-from torchrl_muzero.data.rollout_reader import RowSpec, read_rollout
-from torchrl_muzero.data.storage_rows import LOST, OPEN, START, STEP, RowTable
+from torchrl_muzero.data.rollout_reader import RowSpec, check_continuations, episode_starts, read_rollout
+from torchrl_muzero.data.storage_rows import STEP, RowTable
 from torchrl_muzero.data.target_builders import MUZERO_SAMPLE_KEYS, TargetBuilder, TargetContext, check_target_builders
 from torchrl_muzero.data.targets import plan_value_targets, reward_targets, value_targets
 
@@ -375,85 +375,24 @@ class GameBuffer:
                 f"buffer's capacity of {self.capacity}: extend with smaller batches or raise capacity."
             )
 
-        # a running trajectory must continue from the observation stored for it
         newest_obs = self.frames.newest(data["obs"])
-        tails = [s for s in segments if s["tail_ok"]]
-        if tails:
-            tail_slots = torch.tensor([s["tail"] for s in tails], dtype=torch.long)
-            first_rows = torch.stack([s["rows"][0] for s in tails])
-            stored = self._frame_store.get(tail_slots).to(newest_obs.device)
-            same = (stored == newest_obs[first_rows]).flatten(1).all(1)
-            if not bool(same.all()):
-                tid = tails[int((~same).nonzero()[0])]["tid"]
-                raise ValueError(
-                    f"trajectory id {tid} continues, but its first observation differs from the "
-                    f"('next', {self.observation_key!r}) of its previous chunk: were the envs reset between "
-                    "batches without new trajectory ids?"
-                )
-        # episode starts of new trajectories (their frame history is the CatFrames padding)
-        fresh = [s for s in segments if not s["continuing"]]
-        fresh_start = {}
-        if fresh:
-            first_rows = torch.stack([s["rows"][0] for s in fresh])
-            is_start = self.frames.is_padded_start(data["obs"][first_rows])
-            fresh_start = {s["tid"]: bool(v) for s, v in zip(fresh, is_start.tolist())}
+        check_continuations(segments, newest_obs, self._frame_store, self.observation_key)
+        fresh_start = episode_starts(segments, data["obs"], self.frames)
 
-        # ---- from here on the buffer changes
-        base = self._cursor
-        new_slots = (base + torch.arange(n_new, dtype=torch.int64)) % self.capacity
-        self._rows.evict_range(base, n_new)
-        max_priority = self._rows.max_priority()
-
-        kinds = torch.full((n_new,), STEP, dtype=torch.int8)
-        seg_end = torch.empty(n_new, dtype=torch.int64)
-        trajs = torch.empty(n_new, dtype=torch.int64)
-        step_pos, step_src = [], []  # step rows: positions in the new block, rollout rows
-        final_pos, final_src = [], []  # last-observation rows: positions, rollout rows whose "next" they hold
-        tail_slots, tail_src = [], []  # stored open rows completed by a first step
-        chains = []  # per segment: slots in trajectory order, and the prev of its first row
-        open_ends = {}
-        for s in segments:
-            rows, off, n_rows = s["rows"], s["offset"], s["n_rows"]
-            seg_end[off : off + n_rows] = base + off + n_rows
-            trajs[off : off + n_rows] = s["tid"]
-            head, first_prev, steps_here = [], LOST, rows
-            if s["tail_ok"]:
-                steps_here = rows[1:]
-                if bool(self._rows.alive[s["tail"]]):  # it may have been evicted just now
-                    tail_slots.append(s["tail"])
-                    tail_src.append(rows[:1])
-                    head, first_prev = [s["tail"]], None  # keep the tail's own link
-            elif not s["continuing"] and fresh_start[s["tid"]]:
-                first_prev = START
-            k = steps_here.numel()
-            step_pos.append(torch.arange(off, off + k))
-            step_src.append(steps_here)
-            final_pos.append(off + k)
-            final_src.append(int(rows[-1]))
-            kinds[off + k] = s["end_kind"]
-            chains.append((torch.cat([torch.tensor(head, dtype=torch.long), new_slots[off : off + k + 1]]), first_prev))
-            open_ends[s["tid"]] = (int(new_slots[off + k]), base + off + k) if s["end_kind"] == OPEN else None
-
-        step_pos, step_src = torch.cat(step_pos), torch.cat(step_src)
-        final_pos, final_src = torch.tensor(final_pos, dtype=torch.long), torch.tensor(final_src, dtype=torch.long)
+        # ---- from here on the buffer changes: the row bookkeeping first, then the tensors
+        placed = self._rows.write_block(segments, self._cursor, fresh_start)
+        self._cursor += n_new
         frame_buf = torch.empty((n_new, *spec.frame_shape), dtype=spec.obs_dtype)
-        frame_buf[step_pos] = newest_obs[step_src].to(spec.obs_dtype)
-        frame_buf[final_pos] = self.frames.newest(data["next_obs"])[final_src].to(spec.obs_dtype)
+        frame_buf[placed.step_pos] = newest_obs[placed.step_src].to(spec.obs_dtype)
+        frame_buf[placed.final_pos] = self.frames.newest(data["next_obs"])[placed.final_src].to(spec.obs_dtype)
         payload = spec.empty_payload(n_new)
-        spec.fill_payload(payload, step_pos, data, step_src, final_pos, final_src)
-        self._frame_store.set(new_slots, frame_buf.to(self.storage_device))
-        self._step_store.set(new_slots, payload.to(self.storage_device))
-        tail_slots = torch.tensor(tail_slots, dtype=torch.long)
-        if tail_slots.numel():
-            tail_payload = spec.empty_payload(tail_slots.numel())
-            spec.fill_payload(tail_payload, torch.arange(tail_slots.numel()), data, torch.cat(tail_src), None, None)
-            self._step_store.set(tail_slots, tail_payload.to(self.storage_device))
-            self._rows.kind[tail_slots] = STEP
-
-        self._rows.commit(base, kinds, seg_end, trajs, chains, open_ends)
-        self._cursor = base + n_new
-        # priorities: new steps enter with the current maximum
-        self._rows.set_new_priorities(new_slots, torch.cat([new_slots[step_pos], tail_slots]), max_priority)
+        spec.fill_payload(payload, placed.step_pos, data, placed.step_src, placed.final_pos, placed.final_src)
+        self._frame_store.set(placed.new_slots, frame_buf.to(self.storage_device))
+        self._step_store.set(placed.new_slots, payload.to(self.storage_device))
+        if placed.tail_slots.numel():
+            tail_payload = spec.empty_payload(placed.tail_slots.numel())
+            spec.fill_payload(tail_payload, torch.arange(placed.tail_slots.numel()), data, placed.tail_src, None, None)
+            self._step_store.set(placed.tail_slots, tail_payload.to(self.storage_device))
         return m
 
     # ---------------------------------------------------------- observations
@@ -705,31 +644,7 @@ class GameBuffer:
         if priority is None or stamp is None:
             raise ValueError("update_priority needs index, priority and stamp (the 'stamp' returned by sample).")
 
-        def column(x, name):
-            x = torch.as_tensor(x).detach().cpu()
-            if x.ndim == 2:
-                x = x[:, 0]
-            if x.ndim != 1:
-                raise ValueError(f"update_priority: {name} must be [B] or [B, K+1], got {tuple(x.shape)}.")
-            return x
-
-        index = column(index, "index").long()
-        priority = column(priority, "priority").float()
-        stamp = column(stamp, "stamp").long()
-        if not (index.shape == priority.shape == stamp.shape):
-            raise ValueError(
-                f"update_priority: index {tuple(index.shape)}, priority {tuple(priority.shape)} and "
-                f"stamp {tuple(stamp.shape)} must have the same length."
-            )
-        if not bool(torch.isfinite(priority).all()) or bool((priority < 0).any()):
-            raise ValueError("update_priority: priorities must be finite and >= 0.")
-        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.capacity):
-            raise ValueError(f"update_priority: indices must lie in [0, {self.capacity}).")
-        fresh = self._rows.is_fresh(index, stamp)
-        slots = index[fresh]
-        self._rows.priority[slots] = priority[fresh]
-        self._rows.refresh_tree(slots)
-        return fresh
+        return self._rows.update_priorities(index, priority, stamp)
 
     # ----------------------------------------------------------------- state
     def end_running_trajectories(self) -> int:

@@ -34,31 +34,39 @@ ReanalyzeSearch = Callable[
 ]
 
 
-def muzero_reanalyze(config: Any) -> ReanalyzeSearch:
-    """The MuZero reanalyze search: :func:`~torchrl_muzero.mcts.search` with ``config``.
+def muzero_reanalyze(config: Any, search: Callable[..., Any] | None = None) -> ReanalyzeSearch:
+    """A reanalyze search from a MuZero-style search function; by default :func:`~torchrl_muzero.mcts.search`.
 
-    Returns its ``search_policy`` (normalised root visit counts).
+    Args:
+        config: the search settings (an :class:`~torchrl_muzero.mcts.MCTSConfig`
+            or what ``search`` takes).
+        search: ``(model, observation, config, action_mask=, to_play=,
+            add_noise=, generator=) -> SearchResult`` (the signature of
+            :func:`~torchrl_muzero.mcts.search`, which is the default);
+            its ``search_policy`` (normalised root visit counts) is the target.
 
     Examples:
         >>> import torch
-        >>> from torchrl_muzero.data.reanalyze import muzero_reanalyze
+        >>> from torchrl_muzero.data import muzero_reanalyze
         >>> from torchrl_muzero.mcts import MCTSConfig
         >>> from torchrl_muzero.modules import MuZeroMLPModel
         >>> model = MuZeroMLPModel((3,), 2, latent_dim=8, hidden_dim=8)
-        >>> search = muzero_reanalyze(MCTSConfig(num_simulations=4))
-        >>> policy = search(model, torch.zeros(5, 3), None, None, False, None)
+        >>> reanalyze = muzero_reanalyze(MCTSConfig(num_simulations=4))
+        >>> policy = reanalyze(model, torch.zeros(5, 3), None, None, False, None)
         >>> policy.shape, bool(torch.allclose(policy.sum(-1), torch.ones(5)))
         (torch.Size([5, 2]), True)
     """
 
     def search_policy(model, observation, action_mask, to_play, add_noise, generator) -> torch.Tensor:
-        from torchrl_muzero.mcts import search  # the search package imports models, not the buffer
+        run = search
+        if run is None:
+            from torchrl_muzero.mcts import search as run  # imported late: the search package is heavier
 
-        result = search(model, observation, config, action_mask=action_mask, to_play=to_play,
-                        add_noise=add_noise, generator=generator)
+        result = run(model, observation, config, action_mask=action_mask, to_play=to_play,
+                     add_noise=add_noise, generator=generator)
         return result.search_policy
 
-    search_policy.config = config  # for inspection / repr only
+    search_policy.config = config  # for inspection only
     return search_policy
 
 

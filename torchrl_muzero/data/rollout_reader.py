@@ -18,7 +18,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from torchrl_muzero.data.frames import FrameStack
 
-__all__ = ["RowSpec", "read_rollout"]
+__all__ = ["RowSpec", "check_continuations", "episode_starts", "read_rollout"]
 
 
 def _flat(x: torch.Tensor, batch_dims: int, m: int) -> torch.Tensor:
@@ -125,6 +125,45 @@ def read_rollout(rollout: TensorDictBase, observation_key: Any, device: torch.de
             m = int(idx.numel())
     out["m"] = m
     return out
+
+
+def check_continuations(segments: list[dict], newest_obs: torch.Tensor, frame_store: Any, observation_key: Any) -> None:
+    """Raise ``ValueError`` unless each continuing trajectory starts at the observation stored for it.
+
+    ``segments`` from :meth:`RowTable.plan_segments
+    <torchrl_muzero.data.storage_rows.RowTable.plan_segments>`; ``newest_obs``
+    the rollout's newest frames; ``frame_store`` the buffer's frame storage.
+    Catches envs reset between batches without new trajectory ids, which
+    would otherwise stitch two episodes into one.
+    """
+    tails = [s for s in segments if s["tail_ok"]]
+    if not tails:
+        return
+    tail_slots = torch.tensor([s["tail"] for s in tails], dtype=torch.long)
+    first_rows = torch.stack([s["rows"][0] for s in tails])
+    stored = frame_store.get(tail_slots).to(newest_obs.device)
+    same = (stored == newest_obs[first_rows]).flatten(1).all(1)
+    if not bool(same.all()):
+        tid = tails[int((~same).nonzero()[0])]["tid"]
+        raise ValueError(
+            f"trajectory id {tid} continues, but its first observation differs from the "
+            f"('next', {observation_key!r}) of its previous chunk: were the envs reset between "
+            "batches without new trajectory ids?"
+        )
+
+
+def episode_starts(segments: list[dict], obs: torch.Tensor, frames: FrameStack) -> dict[int, bool]:
+    """For each new trajectory id: does its first observation start an episode?
+
+    It does when its frame history is the ``CatFrames`` padding; otherwise the
+    trajectory joins mid-episode (its first stacks cannot be rebuilt).
+    """
+    fresh = [s for s in segments if not s["continuing"]]
+    if not fresh:
+        return {}
+    first_rows = torch.stack([s["rows"][0] for s in fresh])
+    is_start = frames.is_padded_start(obs[first_rows])
+    return {s["tid"]: bool(v) for s, v in zip(fresh, is_start.tolist())}
 
 
 @dataclass

@@ -23,11 +23,13 @@ trajectories:
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 
 from torchrl_muzero.data.priority import PriorityTree
 
-__all__ = ["RowTable", "STEP", "TERMINAL", "TRUNCATED", "OPEN", "START", "LOST"]
+__all__ = ["BlockPlacement", "RowTable", "STEP", "TERMINAL", "TRUNCATED", "OPEN", "START", "LOST"]
 
 # row kinds
 STEP = 0  #: an observation and the transition leaving it
@@ -41,6 +43,41 @@ LOST = -2  #: the neighbour was evicted, or is unknown
 
 # the per-row tables, in the order state dicts list them
 TABLES = ("prev", "next", "kind", "alive", "hist_ok", "write_time", "segment_end", "traj", "priority")
+
+
+class BlockPlacement(NamedTuple):
+    """Where the frames and payloads of a block written by :meth:`RowTable.write_block` go.
+
+    Attributes:
+        new_slots: ``[n_new]`` the slots of the new rows, in write order.
+        step_pos / step_src: step rows, as positions in the block and the
+            rollout rows they hold.
+        final_pos / final_src: last-observation rows, as positions in the
+            block and the rollout rows whose ``"next"`` observation they hold.
+        tail_slots / tail_src: stored open rows (not in the block) that the
+            rollout rows ``tail_src`` complete into steps; their frame is
+            already stored, their payload is not.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.data.storage_rows import RowTable
+        >>> rows = RowTable(8, num_frames=1, alpha=1.0, priority_eps=0.0, tree_backend="torch")
+        >>> traj = torch.zeros(3, dtype=torch.long); done = torch.tensor([False, False, True])
+        >>> segments = rows.plan_segments(traj, done, terminated=done)
+        >>> placed = rows.write_block(segments, base=0, fresh_start={0: True})
+        >>> placed.step_pos.tolist(), placed.final_pos.tolist(), placed.final_src.tolist()
+        ([0, 1, 2], [3], [2])
+        >>> rows.kind[:4].tolist(), rows.prev[:4].tolist()  # three steps, then the terminal observation
+        ([0, 0, 0, 1], [-1, 0, 1, 2])
+    """
+
+    new_slots: torch.Tensor
+    step_pos: torch.Tensor
+    step_src: torch.Tensor
+    final_pos: torch.Tensor
+    final_src: torch.Tensor
+    tail_slots: torch.Tensor
+    tail_src: torch.Tensor
 
 
 class RowTable:
@@ -160,43 +197,78 @@ class RowTable:
             offset += n_rows
         return segments
 
-    def commit(self, base: int, kinds: torch.Tensor, segment_end: torch.Tensor, traj: torch.Tensor,
-               chains: list[tuple[torch.Tensor, int | None]], open_ends: dict[int, tuple[int, int] | None]) -> None:
-        """Record a block of new rows written at absolute positions ``base ..``.
+    def write_block(self, segments: list[dict], base: int, fresh_start: dict[int, bool]) -> "BlockPlacement":
+        """Record the rows of :meth:`plan_segments`' segments at absolute positions ``base ..``.
 
-        ``kinds`` / ``segment_end`` / ``traj`` are per new row; ``chains`` go
-        to :meth:`link` (the new rows' links start as ``next = START``,
-        ``prev = LOST``); ``open_ends`` maps each written trajectory id to its
-        new open ``(slot, write time)``, or None when it ended.
+        Evicts what they overwrite (:meth:`evict_range`), sets their kinds,
+        links, segment ends and the running trajectories, turns the stored
+        tails their first steps complete into steps, and gives the new steps
+        the current largest priority. ``fresh_start[tid]``: a new trajectory
+        starts its episode (its frame history is the padding, ``prev = START``).
+        Returns where the caller writes the rows' frames and payloads.
         """
-        n_new = kinds.numel()
+        n_new = sum(s["n_rows"] for s in segments)
         new_abs = base + torch.arange(n_new, dtype=torch.int64)
-        slots = new_abs % self.capacity
-        self.kind[slots] = kinds
-        self.alive[slots] = True
-        self.write_time[slots] = new_abs
-        self.segment_end[slots] = segment_end
-        self.traj[slots] = traj
-        self.next[slots] = START
-        self.prev[slots] = LOST
-        self.link(chains)
-        for tid, end in open_ends.items():
-            if end is None:
-                self.open.pop(tid, None)
+        new_slots = new_abs % self.capacity
+        self.evict_range(base, n_new)
+        max_priority = self.max_priority()
+
+        kinds = torch.full((n_new,), STEP, dtype=torch.int8)
+        segment_end = torch.empty(n_new, dtype=torch.int64)
+        traj = torch.empty(n_new, dtype=torch.int64)
+        step_pos, step_src = [], []  # step rows: positions in the new block, rollout rows
+        final_pos, final_src = [], []  # last-observation rows: positions, rollout rows whose "next" they hold
+        tail_slots, tail_src = [], []  # stored open rows completed by a first step
+        chains = []  # per segment: slots in trajectory order, and the prev of its first row
+        for s in segments:
+            rows, off, n_rows = s["rows"], s["offset"], s["n_rows"]
+            segment_end[off : off + n_rows] = base + off + n_rows
+            traj[off : off + n_rows] = s["tid"]
+            head, first_prev, steps_here = [], LOST, rows
+            if s["tail_ok"]:
+                steps_here = rows[1:]
+                if bool(self.alive[s["tail"]]):  # it may have been evicted just now
+                    tail_slots.append(s["tail"])
+                    tail_src.append(rows[:1])
+                    head, first_prev = [s["tail"]], None  # keep the tail's own link
+            elif not s["continuing"] and fresh_start[s["tid"]]:
+                first_prev = START
+            k = steps_here.numel()
+            step_pos.append(torch.arange(off, off + k))
+            step_src.append(steps_here)
+            final_pos.append(off + k)
+            final_src.append(int(rows[-1]))
+            kinds[off + k] = s["end_kind"]
+            chains.append((torch.cat([torch.tensor(head, dtype=torch.long), new_slots[off : off + k + 1]]), first_prev))
+            if s["end_kind"] == OPEN:
+                self.open[s["tid"]] = (int(new_slots[off + k]), base + off + k)
             else:
-                self.open[tid] = end
+                self.open.pop(s["tid"], None)
 
-    def set_new_priorities(self, new_slots: torch.Tensor, steps: torch.Tensor, priority: float) -> None:
-        """New rows ``new_slots`` enter with priority 0, their steps ``steps`` with ``priority``.
+        tail_slots = torch.tensor(tail_slots, dtype=torch.long)
+        self.kind[tail_slots] = STEP
+        self.kind[new_slots] = kinds
+        self.alive[new_slots] = True
+        self.write_time[new_slots] = new_abs
+        self.segment_end[new_slots] = segment_end
+        self.traj[new_slots] = traj
+        self.next[new_slots] = START
+        self.prev[new_slots] = LOST
+        self.link(chains)
 
-        ``steps`` may include completed stored tails; the tree leaves of both
-        are refreshed (a step is sampleable once its frame history is stored).
-        """
+        # priorities: new steps enter with the current maximum, once their frame history is stored
+        step_pos = torch.cat(step_pos)
+        steps = torch.cat([new_slots[step_pos], tail_slots])
         self.hist_ok[new_slots] = False
         self.hist_ok[steps] = self.history_complete(steps)
         self.priority[new_slots] = 0.0
-        self.priority[steps] = priority
-        self.refresh_tree(torch.unique(torch.cat([new_slots, steps])))
+        self.priority[steps] = max_priority
+        self.refresh_tree(torch.cat([new_slots, tail_slots]))
+        return BlockPlacement(
+            new_slots, step_pos, torch.cat(step_src), torch.tensor(final_pos, dtype=torch.long),
+            torch.tensor(final_src, dtype=torch.long), tail_slots,
+            torch.cat(tail_src) if tail_src else torch.empty(0, dtype=torch.long),
+        )
 
     # --------------------------------------------------------------- linking
     def link(self, chains: list[tuple[torch.Tensor, int | None]]) -> None:
@@ -349,6 +421,40 @@ class RowTable:
         ok = self.alive[slots] & (self.kind[slots] == STEP) & self.hist_ok[slots]
         p = (self.priority[slots].double() + self.priority_eps) ** self.alpha
         return torch.where(ok, p, torch.zeros_like(p))
+
+    def update_priorities(self, index: Any, priority: Any, stamp: Any) -> torch.Tensor:
+        """Set the priorities of step rows ``index`` unless they changed since ``stamp``.
+
+        Each argument is ``[B]`` or ``[B, K+1]`` (column 0 is read). Returns
+        a ``[B]`` bool tensor: True where the row still holds the step written
+        at ``stamp`` and the priority was written.
+        """
+
+        def column(x, name):
+            x = torch.as_tensor(x).detach().cpu()
+            if x.ndim == 2:
+                x = x[:, 0]
+            if x.ndim != 1:
+                raise ValueError(f"update_priority: {name} must be [B] or [B, K+1], got {tuple(x.shape)}.")
+            return x
+
+        index = column(index, "index").long()
+        priority = column(priority, "priority").float()
+        stamp = column(stamp, "stamp").long()
+        if not (index.shape == priority.shape == stamp.shape):
+            raise ValueError(
+                f"update_priority: index {tuple(index.shape)}, priority {tuple(priority.shape)} and "
+                f"stamp {tuple(stamp.shape)} must have the same length."
+            )
+        if not bool(torch.isfinite(priority).all()) or bool((priority < 0).any()):
+            raise ValueError("update_priority: priorities must be finite and >= 0.")
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.capacity):
+            raise ValueError(f"update_priority: indices must lie in [0, {self.capacity}).")
+        fresh = self.is_fresh(index, stamp)
+        slots = index[fresh]
+        self.priority[slots] = priority[fresh]
+        self.refresh_tree(slots)
+        return fresh
 
     def refresh_tree(self, slots: torch.Tensor) -> None:
         """Write the tree leaves of ``slots`` from their priority (0 if not sampleable)."""
