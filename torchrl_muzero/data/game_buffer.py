@@ -57,6 +57,7 @@ from torchrl.data import LazyTensorStorage
 from torchrl_muzero.data import buffer_state
 from torchrl_muzero.data.frames import FrameStack
 from torchrl_muzero.data.off_policy_correction import corrected_td_steps, shorten_horizon
+from torchrl_muzero.data.priority import PriorityTree
 from torchrl_muzero.data.reanalyze import ReanalyzeSearch, bootstrap_values, muzero_reanalyze, reanalyze_policies
 from torchrl_muzero.data.rollout_reader import RowSpec, check_continuations, episode_starts, read_rollout
 from torchrl_muzero.data.storage_rows import STEP, RowTable
@@ -202,12 +203,12 @@ class GameBuffer:
         beta_annealing_steps: int = 0,
         priority_eps: float = 1e-6,
         reanalyze_ratio: float = 0.0,
-        mcts_config=None,
+        mcts_config: Any = None,
         reanalyze_noise: bool = True,
         reanalyze_search: ReanalyzeSearch | None = None,
         with_future_observations: bool = False,
-        model=None,
-        target_model=None,
+        model: Any = None,
+        target_model: Any = None,
         value_bootstrap: str = "auto",
         off_policy_correction: bool = False,
         correction_age_scale: float | None = None,
@@ -283,8 +284,9 @@ class GameBuffer:
         self._spec: RowSpec | None = None  # fixed by the first rollout
 
     # ------------------------------------------------------------------ info
+    # the row table's priority tree and running trajectories, under their former names
     @property
-    def _tree(self):
+    def _tree(self) -> PriorityTree:
         return self._rows.tree
 
     @property
@@ -404,7 +406,7 @@ class GameBuffer:
         frames = self._frame_store.get(index.reshape(-1)).reshape(slots.numel(), *index.shape[1:], *self._spec.frame_shape)
         return self.frames.rebuild(frames, padded)
 
-    def __getitem__(self, index) -> TensorDict:
+    def __getitem__(self, index: Any) -> TensorDict:
         """Stored rows by slot: the rebuilt observation and the step payload.
 
         Holds ``"observation"``, ``"action"``, ``"reward"``, ``"search_policy"``,
@@ -427,7 +429,9 @@ class GameBuffer:
         return out
 
     # ---------------------------------------------------------------- sample
-    def sample(self, batch_size: int, *, model=None, target_model=None, policy_version: int | None = None) -> TensorDict:
+    def sample(
+        self, batch_size: int, *, model: Any = None, target_model: Any = None, policy_version: int | None = None
+    ) -> TensorDict:
         """Draw ``batch_size`` roots (proportionally to priority) with their targets.
 
         Args:
@@ -512,7 +516,7 @@ class GameBuffer:
         slots, exists, terminal, is_step = self._rows.walk(roots, J)
         steps = self._step_store.get(slots.reshape(-1)).reshape(B, J)
         plan = plan_value_targets(exists, terminal, K, n)
-        if self.off_policy_correction:
+        if self.off_policy_correction:  # older roots bootstrap sooner (EfficientZero)
             horizon = corrected_td_steps(steps["policy_version"][:, 0].cpu(), policy_version, n, self.correction_age_scale)
             plan = shorten_horizon(plan, terminal, horizon)
         zero = torch.zeros(())
@@ -619,7 +623,7 @@ class GameBuffer:
         return muzero_reanalyze(config)
 
     # ------------------------------------------------------------ priorities
-    def update_priority(self, index, priority=None, stamp=None) -> torch.Tensor:
+    def update_priority(self, index: Any, priority: Any = None, stamp: Any = None) -> torch.Tensor:
         """Write back new priorities for sampled roots, unless their row changed since.
 
         Args:
