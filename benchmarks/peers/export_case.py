@@ -33,6 +33,19 @@ Layout (all float32 unless said; weights in torch's ``nn.Linear`` convention,
 * reference outputs to check a re-implementation: ``check_actions [256]`` (int64), then two recurrent steps
   from ``latent_B256`` with those actions: ``check_latent1 [256, L]``, ``check_reward1``, ``check_policy1``,
   ``check_value1``, and ``check_latent2`` ... ``check_value2`` (second step with ``(check_actions + 1) % A``).
+* Stochastic MuZero (keys prefixed ``sto_``): ``StochasticMuZeroMLPModel((8,), 6, chance_space_size=32,
+  latent_dim=64, hidden_dim=64, value_support_size=300, reward_support_size=300, zero_init_heads=False)``
+  built after ``torch.manual_seed(0)`` (``num_chance`` = C = 32, 2048's 16 cells x 2 tiles):
+  ``sto_repr_*``, ``sto_pred_*`` as above; afterstate dynamics ``sto_as_w1 [H, L + A] .. sto_as_b2`` on
+  ``cat(latent, one_hot(action))`` then ``scale_latent``; afterstate prediction: trunk ``sto_astrunk_w [H, L]``,
+  ``sto_astrunk_b`` (ReLU), then ``sto_chance_w [C, H]`` / ``sto_chance_b`` (chance logits sigma) and
+  ``sto_asvalue_w [V, H]`` / ``sto_asvalue_b`` (Q logits); chance dynamics ``sto_dyn_w1 [H, L + C] .. sto_dyn_b2``
+  on ``cat(afterstate, one_hot(code))`` then ``scale_latent``; reward head ``sto_rew_*`` on the next latent.
+  Edges: decision -> chance reward 0, discount 1; chance -> decision the reward head's reward, ``discount``.
+  Roots ``sto_latent_B{B}``, ``sto_policy_logits_B{B}`` (``[B, A]``), ``sto_value_B{B}``; checks from
+  ``sto_latent_B256`` with ``check_actions``: ``sto_check_afterstate``, ``sto_check_chance_logits``,
+  ``sto_check_q`` (decoded), then codes ``sto_check_codes [256]``: ``sto_check_next``, ``sto_check_reward``,
+  ``sto_check_policy``, ``sto_check_value``.
 * ``torch_version``, ``layout_version`` (1) for the record.
 """
 from __future__ import annotations
@@ -56,6 +69,16 @@ def canonical_model() -> MuZeroMLPModel:
     torch.manual_seed(0)
     return MuZeroMLPModel((OBS_DIM,), ACTIONS, latent_dim=64, hidden_dim=64, value_support_size=300,
                           reward_support_size=300, zero_init_heads=False).eval()
+
+
+def canonical_stochastic_model(chance_space_size: int = 32):
+    """The Stochastic MuZero counterpart: same sizes, ``C`` chance codes (32 = 2048's spawns)."""
+    from torchrl_muzero.modules import StochasticMuZeroMLPModel
+
+    torch.manual_seed(0)
+    return StochasticMuZeroMLPModel((OBS_DIM,), ACTIONS, chance_space_size=chance_space_size, latent_dim=64,
+                                    hidden_dim=64, value_support_size=300, reward_support_size=300,
+                                    zero_init_heads=False).eval()
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -106,6 +129,49 @@ def build_case(model: MuZeroMLPModel | None = None) -> dict[str, np.ndarray]:
         state, reward, policy, value = model.recurrent_inference_scalar(state, a)
         case[f"check_latent{step}"], case[f"check_reward{step}"] = _np(state), _np(reward)
         case[f"check_policy{step}"], case[f"check_value{step}"] = _np(policy), _np(value)
+    try:
+        case.update(build_stochastic_case(case["obs_B256"], actions))
+    except ImportError:  # a checkout without the Stochastic MuZero model: MuZero / Gumbel cases only
+        pass
+    return case
+
+
+@torch.no_grad()
+def build_stochastic_case(obs: np.ndarray, actions: torch.Tensor, model=None) -> dict[str, np.ndarray]:
+    model = canonical_stochastic_model() if model is None else model
+    layers = {"repr": model.representation_net, "as": model.afterstate_net, "dyn": model.dynamics_net,
+              "rew": model.reward_head}
+    case: dict[str, np.ndarray] = {"num_chance": np.int64(model.chance_space_size)}
+    for name, net in layers.items():
+        if len(net) != 3:
+            raise ValueError("the exported layout is for one hidden layer per network (num_layers=1).")
+        first, _, last = net
+        case.update({f"sto_{name}_w1": _np(first.weight), f"sto_{name}_b1": _np(first.bias),
+                     f"sto_{name}_w2": _np(last.weight), f"sto_{name}_b2": _np(last.bias)})
+    p1, t1 = model.prediction_trunk[0], model.afterstate_trunk[0]
+    case.update({
+        "sto_pred_w1": _np(p1.weight), "sto_pred_b1": _np(p1.bias),
+        "sto_pred_w2": _np(model.prediction_head.weight), "sto_pred_b2": _np(model.prediction_head.bias),
+        "sto_astrunk_w": _np(t1.weight), "sto_astrunk_b": _np(t1.bias),
+        "sto_chance_w": _np(model.chance_head.weight), "sto_chance_b": _np(model.chance_head.bias),
+        "sto_asvalue_w": _np(model.afterstate_value_head.weight), "sto_asvalue_b": _np(model.afterstate_value_head.bias),
+    })
+    latent, logits, value_logits = model.initial_inference(torch.from_numpy(obs))
+    value = model.decode_value(value_logits)
+    for B in BATCHES:
+        case[f"sto_latent_B{B}"], case[f"sto_policy_logits_B{B}"] = _np(latent[:B]), _np(logits[:B])
+        case[f"sto_value_B{B}"] = _np(value[:B])
+    afterstate, chance_logits, q_logits = model.afterstate_inference(latent, actions)
+    codes = torch.randint(model.chance_space_size, (latent.shape[0],), generator=torch.Generator().manual_seed(2))
+    one_hot = torch.nn.functional.one_hot(codes, model.chance_space_size).float()
+    nxt, reward_logits, policy, value_logits = model.chance_inference(afterstate, one_hot)
+    reward, value = model.decode_reward_and_value(reward_logits, value_logits)
+    case.update({
+        "sto_check_afterstate": _np(afterstate), "sto_check_chance_logits": _np(chance_logits),
+        "sto_check_q": _np(model.decode_value(q_logits)), "sto_check_codes": _np(codes),
+        "sto_check_next": _np(nxt), "sto_check_reward": _np(reward), "sto_check_policy": _np(policy),
+        "sto_check_value": _np(value),
+    })
     return case
 
 

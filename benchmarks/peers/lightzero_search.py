@@ -13,9 +13,9 @@ policies' ``_forward_collect`` sets them up: Dirichlet noise from
 then ``roots.get_distributions()``. One timed search = noise + roots +
 search + reading the visit counts, from the exported root latents and logits.
 
-Each variant is one small function (``VARIANTS``); ``efficientzero`` and
-``stochastic_muzero`` need networks of their own (a value-prefix LSTM, an
-afterstate / chance head) and are not exported yet.
+Each variant is one small function (``VARIANTS``): ``muzero``,
+``gumbel_muzero`` and ``stochastic_muzero`` (on the exported Stochastic
+network); ``efficientzero`` needs a value-prefix LSTM network, not exported yet.
 """
 from __future__ import annotations
 
@@ -64,6 +64,41 @@ class LZMuZeroMLP(torch.nn.Module):
     def recurrent_inference(self, latent, action):
         one_hot = F.one_hot(action.reshape(-1).long(), self.A).to(latent.dtype)
         nxt = self._scale(self._two("dyn", torch.cat([latent, one_hot], -1)))
+        out = self._two("pred", nxt)
+        return SimpleNamespace(latent_state=nxt, reward=self._two("rew", nxt), policy_logits=out[:, : self.A],
+                               value=out[:, self.A:])
+
+
+class LZStochasticMLP(torch.nn.Module):
+    """The exported Stochastic MuZero MLP with the interface of LightZero's ``StochasticMuZeroModel``.
+
+    ``recurrent_inference(state, action, afterstate=False)``: from a decision
+    state and an action, the afterstate (``latent_state``), zero reward,
+    chance logits sigma (``policy_logits``) and Q logits (``value``);
+    ``afterstate=True``: from an afterstate and a chance code, the next state,
+    reward logits, policy logits and value logits.
+    """
+
+    def __init__(self, case: dict) -> None:
+        super().__init__()
+        self.A, self.C = int(case["num_actions"]), int(case["num_chance"])
+        self.eps = float(case["scale_eps"])
+        self.bins = 2 * int(case["reward_support_size"]) + 1
+        for k in pc.stochastic_weight_keys(case):
+            self.register_buffer(k[4:], torch.from_numpy(np.ascontiguousarray(case[k], dtype=np.float32)))
+
+    _scale = LZMuZeroMLP._scale
+    _two = LZMuZeroMLP._two
+
+    def recurrent_inference(self, state, action, afterstate=False):
+        action = action.reshape(-1).long()
+        if not afterstate:  # decision node -> chance node
+            aft = self._scale(self._two("as", torch.cat([state, F.one_hot(action, self.A).to(state.dtype)], -1)))
+            h = torch.relu(F.linear(aft, self.astrunk_w, self.astrunk_b))
+            return SimpleNamespace(latent_state=aft, reward=torch.zeros(state.shape[0], self.bins),
+                                   policy_logits=F.linear(h, self.chance_w, self.chance_b),
+                                   value=F.linear(h, self.asvalue_w, self.asvalue_b))
+        nxt = self._scale(self._two("dyn", torch.cat([state, F.one_hot(action, self.C).to(state.dtype)], -1)))
         out = self._two("pred", nxt)
         return SimpleNamespace(latent_state=nxt, reward=self._two("rew", nxt), policy_logits=out[:, : self.A],
                                value=out[:, self.A:])
@@ -130,7 +165,33 @@ def gumbel_muzero(case: dict, model) -> callable:
     return run
 
 
-VARIANTS = {"muzero": muzero, "gumbel_muzero": gumbel_muzero}
+def stochastic_muzero(case: dict, model) -> callable:
+    """``ctree_stochastic_muzero`` through ``StochasticMuZeroMCTSCtree`` (``stochastic_muzero.py::_forward_collect``).
+
+    The exported Stochastic network (``sto_*``, C = ``num_chance`` codes).
+    LightZero samples the chance code at chance nodes from sigma with an
+    unseeded C++ generator (mctx and ours take ``argmax sigma / (N + 1)``).
+    """
+    from lzero.mcts.tree_search.mcts_ctree_stochastic import StochasticMuZeroMCTSCtree
+
+    cfg = _cfg(case)
+    mcts = StochasticMuZeroMCTSCtree(cfg)
+    sto = LZStochasticMLP(case).eval()
+    A, C = int(case["num_actions"]), int(case["num_chance"])
+
+    def run(B):
+        legal = [list(range(A)) for _ in range(B)]
+        latent, logits = case[f"sto_latent_B{B}"], case[f"sto_policy_logits_B{B}"].tolist()
+        noises = [np.random.dirichlet([cfg.root_dirichlet_alpha] * A).astype(np.float32).tolist() for _ in range(B)]
+        roots = StochasticMuZeroMCTSCtree.roots(B, legal, C)
+        roots.prepare(cfg.root_noise_weight, noises, [0.0] * B, logits, [-1] * B)
+        mcts.search(roots, sto, latent, [-1] * B)
+        return roots.get_distributions()
+
+    return run
+
+
+VARIANTS = {"muzero": muzero, "gumbel_muzero": gumbel_muzero, "stochastic_muzero": stochastic_muzero}
 
 
 def main() -> None:
@@ -153,6 +214,21 @@ def main() -> None:
         return out.latent_state.numpy(), out.policy_logits.numpy(), decode(out.value).numpy()
 
     pc.check_forward(IMPL, case, recurrent, initial)
+    if "num_chance" in case:
+        sto = LZStochasticMLP(case).eval()
+
+        @torch.no_grad()
+        def afterstate(latent, action):
+            out = sto.recurrent_inference(torch.from_numpy(latent), torch.from_numpy(action), afterstate=False)
+            return out.latent_state.numpy(), out.policy_logits.numpy(), decode(out.value).numpy()
+
+        @torch.no_grad()
+        def chance(aft, code):
+            out = sto.recurrent_inference(torch.from_numpy(aft), torch.from_numpy(code), afterstate=True)
+            return (out.latent_state.numpy(), decode(out.reward).numpy(), out.policy_logits.numpy(),
+                    decode(out.value).numpy())
+
+        pc.check_stochastic(IMPL, case, afterstate, chance)
     if args.check_only:
         return
     np.random.seed(0)

@@ -10,8 +10,9 @@ logits to ``block_until_ready`` of the action weights. ``muzero_policy`` runs
 with its defaults, which are ours: Dirichlet noise (alpha 0.3, fraction
 0.25), pUCT 1.25 / 19652; the reward's discount is the case's 0.997.
 
-Each variant is one small function (``VARIANTS``); ``stochastic_muzero``
-needs an afterstate / chance network and is not exported yet.
+Each variant is one small function (``VARIANTS``): ``muzero``,
+``gumbel_muzero``, ``stochastic_muzero`` (on the exported Stochastic network,
+with ``muzero_policy``'s noise and pUCT settings).
 """
 from __future__ import annotations
 
@@ -80,19 +81,65 @@ def make_network(case: dict):
     return params, recurrent_fn, jax.jit(recurrent_step), jax.jit(initial_fn)
 
 
-def _roots(case: dict, B: int):
-    return mctx.RootFnOutput(prior_logits=jnp.asarray(case[f"policy_logits_B{B}"]),
-                             value=jnp.asarray(case[f"value_B{B}"]), embedding=jnp.asarray(case[f"latent_B{B}"]))
+def make_stochastic_network(case: dict):
+    """``(params, decision_recurrent_fn, chance_recurrent_fn, afterstate_step, chance_step)`` in jax."""
+    params = {k[4:]: jnp.asarray(case[k], dtype=jnp.float32) for k in pc.stochastic_weight_keys(case)}
+    A, C = int(case["num_actions"]), int(case["num_chance"])
+    eps, scale_eps, discount = float(case["epsilon"]), float(case["scale_eps"]), float(case["discount"])
+    bins = jnp.arange(-int(case["value_support_size"]), int(case["value_support_size"]) + 1, dtype=jnp.float32)
+    rbins = jnp.arange(-int(case["reward_support_size"]), int(case["reward_support_size"]) + 1, dtype=jnp.float32)
+
+    def two(p, name, x):
+        return jax.nn.relu(x @ p[f"{name}_w1"].T + p[f"{name}_b1"]) @ p[f"{name}_w2"].T + p[f"{name}_b2"]
+
+    def scale(x):
+        low, high = x.min(-1, keepdims=True), x.max(-1, keepdims=True)
+        return (x - low) / jnp.maximum(high - low, scale_eps)
+
+    def decode(logits, b):
+        y = jax.nn.softmax(logits, -1) @ b
+        root = (jnp.sqrt(1 + 4 * eps * (jnp.abs(y) + 1 + eps)) - 1) / (2 * eps)
+        return jnp.sign(y) * (root * root - 1)
+
+    def afterstate_step(p, latent, action):
+        aft = scale(two(p, "as", jnp.concatenate([latent, jax.nn.one_hot(action, A, dtype=latent.dtype)], -1)))
+        h = jax.nn.relu(aft @ p["astrunk_w"].T + p["astrunk_b"])
+        return aft, h @ p["chance_w"].T + p["chance_b"], decode(h @ p["asvalue_w"].T + p["asvalue_b"], bins)
+
+    def chance_step(p, aft, code):
+        nxt = scale(two(p, "dyn", jnp.concatenate([aft, jax.nn.one_hot(code, C, dtype=aft.dtype)], -1)))
+        out = two(p, "pred", nxt)
+        return nxt, decode(two(p, "rew", nxt), rbins), out[:, :A], decode(out[:, A:], bins)
+
+    def decision_recurrent_fn(p, rng_key, action, embedding):
+        del rng_key
+        aft, sigma, q = afterstate_step(p, embedding, action)
+        return mctx.DecisionRecurrentFnOutput(chance_logits=sigma, afterstate_value=q), aft
+
+    def chance_recurrent_fn(p, rng_key, code, embedding):
+        del rng_key
+        nxt, reward, logits, value = chance_step(p, embedding, code)
+        out = mctx.ChanceRecurrentFnOutput(action_logits=logits, value=value, reward=reward,
+                                           discount=jnp.full_like(reward, discount))
+        return out, nxt
+
+    return params, decision_recurrent_fn, chance_recurrent_fn, jax.jit(afterstate_step), jax.jit(chance_step)
 
 
-def _timed(case, params, policy):
+def _roots(case: dict, B: int, prefix: str = ""):
+    return mctx.RootFnOutput(prior_logits=jnp.asarray(case[f"{prefix}policy_logits_B{B}"]),
+                             value=jnp.asarray(case[f"{prefix}value_B{B}"]),
+                             embedding=jnp.asarray(case[f"{prefix}latent_B{B}"]))
+
+
+def _timed(case, params, policy, prefix: str = ""):
     """``run(B)``: one jitted search of the case's ``B`` roots, a fresh rng key per call."""
     roots = {}
     key = [jax.random.PRNGKey(0)]
 
     def run(B):
         if B not in roots:
-            roots[B] = _roots(case, B)
+            roots[B] = _roots(case, B, prefix)
         key[0], sub = jax.random.split(key[0])
         out = policy(params, sub, roots[B])
         return jax.block_until_ready(out.action_weights)
@@ -116,7 +163,19 @@ def gumbel_muzero(case: dict, params, recurrent_fn):
     return _timed(case, params, policy)
 
 
-VARIANTS = {"muzero": muzero, "gumbel_muzero": gumbel_muzero}
+def stochastic_muzero(case: dict, params, recurrent_fn):
+    """``mctx.stochastic_muzero_policy`` on the exported Stochastic network (``sto_*``), muzero_policy's settings."""
+    del params, recurrent_fn
+    sto_params, decision_fn, chance_fn, _, _ = make_stochastic_network(case)
+    policy = jax.jit(functools.partial(
+        mctx.stochastic_muzero_policy, decision_recurrent_fn=decision_fn, chance_recurrent_fn=chance_fn,
+        num_simulations=int(case["num_simulations"]), dirichlet_fraction=float(case["dirichlet_fraction"]),
+        dirichlet_alpha=float(case["dirichlet_alpha"]), pb_c_init=float(case["pb_c_init"]),
+        pb_c_base=float(case["pb_c_base"]), temperature=1.0))
+    return _timed(case, sto_params, policy, prefix="sto_")
+
+
+VARIANTS = {"muzero": muzero, "gumbel_muzero": gumbel_muzero, "stochastic_muzero": stochastic_muzero}
 
 
 def main() -> None:
@@ -131,6 +190,12 @@ def main() -> None:
         return tuple(np.asarray(x) for x in initial_fn(params, jnp.asarray(obs)))
 
     pc.check_forward(IMPL, case, recurrent, initial)
+    if "num_chance" in case:
+        sto_params, _, _, afterstate_step, chance_step = make_stochastic_network(case)
+        pc.check_stochastic(
+            IMPL, case,
+            lambda lat, a: tuple(np.asarray(x) for x in afterstate_step(sto_params, jnp.asarray(lat), jnp.asarray(a))),
+            lambda aft, c: tuple(np.asarray(x) for x in chance_step(sto_params, jnp.asarray(aft), jnp.asarray(c))))
     if args.check_only:
         return
     sims = int(case["num_simulations"])

@@ -105,6 +105,69 @@ class NumpyMLP:
         return nxt, reward, policy, self.decode(value_logits, self.value_bins)
 
 
+def stochastic_weight_keys(case: dict) -> list[str]:
+    """The ``sto_*`` weight keys (not the roots nor the checks)."""
+    return [k for k in case if k.startswith("sto_")
+            and not k.startswith(("sto_latent_", "sto_policy_logits_", "sto_value_", "sto_check_"))]
+
+
+class NumpyStochastic:
+    """The exported Stochastic MuZero MLP (``sto_*`` keys) in float32 numpy."""
+
+    def __init__(self, case: dict) -> None:
+        self.w = {k[4:]: case[k].astype(np.float32) for k in stochastic_weight_keys(case)}
+        self.A, self.C = int(case["num_actions"]), int(case["num_chance"])
+        base = NumpyMLP(case)
+        self.eps, self.scale_eps = base.eps, base.scale_eps
+        self.value_bins, self.reward_bins = base.value_bins, base.reward_bins
+        self.decode = base.decode
+
+    def _two(self, name, x):
+        w = self.w
+        h = np.maximum(x @ w[f"{name}_w1"].T + w[f"{name}_b1"], 0)
+        return h @ w[f"{name}_w2"].T + w[f"{name}_b2"]
+
+    def afterstate(self, latent, action):
+        """``(latent, action [B])`` -> ``(afterstate, chance_logits [B, C], q [B])``."""
+        one_hot = np.eye(self.A, dtype=np.float32)[np.asarray(action).reshape(-1)]
+        aft = scale_latent(self._two("as", np.concatenate([latent, one_hot], -1)), self.scale_eps)
+        h = np.maximum(aft @ self.w["astrunk_w"].T + self.w["astrunk_b"], 0)
+        sigma = h @ self.w["chance_w"].T + self.w["chance_b"]
+        q = self.decode(h @ self.w["asvalue_w"].T + self.w["asvalue_b"], self.value_bins)
+        return aft, sigma, q
+
+    def chance(self, afterstate, code):
+        """``(afterstate, code [B])`` -> ``(next_latent, reward, policy_logits, value)``."""
+        one_hot = np.eye(self.C, dtype=np.float32)[np.asarray(code).reshape(-1)]
+        nxt = scale_latent(self._two("dyn", np.concatenate([afterstate, one_hot], -1)), self.scale_eps)
+        reward = self.decode(self._two("rew", nxt), self.reward_bins)
+        out = self._two("pred", nxt)
+        return nxt, reward, out[:, : self.A], self.decode(out[:, self.A:], self.value_bins)
+
+
+def check_stochastic(impl: str, case: dict, afterstate: Callable, chance: Callable, tol: float = 1e-3) -> float:
+    """Like :func:`check_forward` for the Stochastic MuZero network (``afterstate`` and ``chance`` steps)."""
+    aft, sigma, q = (np.asarray(x) for x in afterstate(case["sto_latent_B256"], case["check_actions"]))
+    nxt, reward, policy, value = (np.asarray(x) for x in chance(case["sto_check_afterstate"],
+                                                                 case["sto_check_codes"]))
+    diffs = {
+        "afterstate": float(np.abs(aft - case["sto_check_afterstate"]).max()),
+        "chance_logits": float(np.abs(sigma - case["sto_check_chance_logits"]).max()),
+        "q": float(np.abs(q.reshape(-1) - case["sto_check_q"]).max()),
+        "next_latent": float(np.abs(nxt - case["sto_check_next"]).max()),
+        "reward": float(np.abs(reward.reshape(-1) - case["sto_check_reward"]).max()),
+        "policy": float(np.abs(policy - case["sto_check_policy"]).max()),
+        "value": float(np.abs(value.reshape(-1) - case["sto_check_value"]).max()),
+    }
+    worst = max(diffs.values())
+    emit({"impl": impl, "check": "stochastic_network", "max_abs_diff": worst, "diffs": diffs, "ok": worst <= tol})
+    if worst > tol:
+        print(f"{impl}: the re-implemented stochastic network differs from ours by {worst:g} > {tol:g}",
+              file=sys.stderr)
+        sys.exit(3)
+    return worst
+
+
 def check_forward(impl: str, case: dict, recurrent: Callable, initial: Callable | None = None,
                   tol: float = 1e-3) -> float:
     """Compare a runner's network with the exported outputs of ours; print and return the max abs diff.
@@ -160,7 +223,7 @@ def common_args(description: str):
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--case", required=True, help="the .npz written by export_case.py")
-    parser.add_argument("--variants", default="muzero,gumbel_muzero",
+    parser.add_argument("--variants", default="muzero,gumbel_muzero,stochastic_muzero",
                         help="comma-separated search variants to time")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default: the case's)")
     parser.add_argument("--rounds", type=int, default=3)

@@ -18,8 +18,10 @@ logits (no representation call).
 
 Ours: ``cpp`` is the fused C++ search (network in the kernel), ``cpp-loop``
 the C++ tree with the model called from Python per simulation, ``torch`` the
-tree in tensor ops; Gumbel runs over the shared loop (``cpp`` backend
-selects it in torch, see ``gumbel_muzero_search``).
+tree in tensor ops; Gumbel and Stochastic MuZero run over the shared loop
+(Gumbel's ``cpp`` backend still selects in torch, see
+``gumbel_muzero_search``; Stochastic is torch only). Stochastic MuZero uses
+its own exported network (``export_case.py``: C = 32 chance codes).
 """
 from __future__ import annotations
 
@@ -94,6 +96,29 @@ def _our_runs(case: dict, variants: list[str]):
                     return gumbel_muzero_search(model, root, cfg, generator=gen).visit_counts
 
                 runs[(f"ours-{backend}", "gumbel_muzero")] = run
+    if "stochastic_muzero" in variants and "num_chance" in case:
+        try:
+            from tensordict import TensorDict
+
+            from torchrl_muzero.mcts.stochastic import stochastic_muzero_search
+            from torchrl_muzero.modules.step import ModelStep
+        except ImportError as err:
+            print(f"ours: no Stochastic MuZero search here ({err})", file=sys.stderr)
+        else:
+            sto = export_case.canonical_stochastic_model()
+            sto_t = {k: torch.from_numpy(v) for k, v in case.items() if k.startswith("sto_") and "_B" in k}
+            C = int(case["num_chance"])
+            cfg = MCTSConfig(num_simulations=sims, backend="torch")  # no C++ chance rule yet
+
+            @torch.no_grad()
+            def run(B):
+                latent, value = sto_t[f"sto_latent_B{B}"], sto_t[f"sto_value_B{B}"]
+                logits = torch.cat([sto_t[f"sto_policy_logits_B{B}"], torch.full((B, C), -float("inf"))], -1)
+                state = TensorDict({"latent": latent, "is_chance": torch.zeros(B, dtype=torch.bool)}, [B])
+                root = ModelStep(state, torch.zeros_like(value), logits, value)
+                return stochastic_muzero_search(sto, root, cfg, generator=gen).visit_counts
+
+            runs[("ours-torch", "stochastic_muzero")] = run
     return model, runs
 
 
@@ -109,8 +134,8 @@ def run_ours(case: dict, variants: list[str], batches: list[int], rounds: int) -
             latent, logits, value_logits = model.initial_inference(torch.from_numpy(obs))
             return latent.numpy(), logits.numpy(), model.value_support.decode(value_logits).numpy()
 
-        pc.check_forward("ours", case, recurrent, initial)
-    records = []
+        worst = pc.check_forward("ours", case, recurrent, initial)
+    records = [{"impl": "ours", "check": "network", "max_abs_diff": worst}]
     sims = int(case["num_simulations"])
     for (impl, variant), run in runs.items():
         visits = run(1)
@@ -161,21 +186,23 @@ def table(records: list[dict]) -> str:
     cells = {}
     for r in timed:
         cells.setdefault((r["variant"], r["B"], r["impl"]), []).append(r["searches_per_s"])
-    head = f"{'variant':<14} {'B':>4} " + " ".join(f"{i:>15}" for i in impls)
+    head = f"{'variant':<17} {'B':>4} " + " ".join(f"{i:>15}" for i in impls)
     lines = [head, "-" * len(head)]
     for variant, B in keys:
         row = [f"{statistics.median(cells[(variant, B, i)]):15.1f}" if (variant, B, i) in cells else f"{'-':>15}"
                for i in impls]
-        lines.append(f"{variant:<14} {B:>4} " + " ".join(row))
-    checks = [r for r in records if r.get("check") == "network"]
-    lines.append("network check (max abs diff vs ours): "
-                 + ", ".join(f"{r['impl']} {r['max_abs_diff']:.2g}" for r in checks))
+        lines.append(f"{variant:<17} {B:>4} " + " ".join(row))
+    for kind in ("network", "stochastic_network"):
+        checks = [r for r in records if r.get("check") == kind]
+        if checks:
+            lines.append(f"{kind} check (max abs diff vs ours): "
+                         + ", ".join(f"{r['impl']} {r['max_abs_diff']:.2g}" for r in checks))
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variants", default="muzero,gumbel_muzero")
+    parser.add_argument("--variants", default="muzero,gumbel_muzero,stochastic_muzero")
     parser.add_argument("--batches", default="1,8,64,256")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peers", default="lightzero,mctx", help="comma-separated; empty for ours only")

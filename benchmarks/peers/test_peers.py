@@ -72,3 +72,15 @@ def test_table_lays_out_medians():
              {"impl": "a", "check": "network", "max_abs_diff": 0.0}]
     out = run_peers.table(recs)
     assert "2.0" in out and "10.0" in out and "network check" in out
+
+
+def test_stochastic_case_and_numpy_reference(case, capsys):
+    _, c = case
+    if "num_chance" not in c:
+        pytest.skip("no Stochastic MuZero model in this checkout")
+    A, C, L = int(c["num_actions"]), int(c["num_chance"]), int(c["latent_dim"])
+    assert C == 32 and c["sto_as_w1"].shape == (64, L + A) and c["sto_dyn_w1"].shape == (64, L + C)
+    assert c["sto_chance_w"].shape == (C, 64) and c["sto_policy_logits_B8"].shape == (8, A)
+    net = pc.NumpyStochastic(c)
+    assert pc.check_stochastic("numpy", c, net.afterstate, net.chance) < 1e-3
+    assert '"ok": true' in capsys.readouterr().out
