@@ -275,3 +275,249 @@ def test_search_rejects_two_player_cpp_and_bad_roots():
         stochastic_muzero_search(model, root, MCTSConfig(num_simulations=2))
     with pytest.raises(ValueError, match="observations of shape"):
         stochastic_search(model, torch.randn(2, 5), MCTSConfig(num_simulations=2))
+
+
+# --------------------------------------------------------------------------- model
+def test_straight_through_code_is_one_hot_forward_and_softmax_backward():
+    from torchrl_muzero.modules.stochastic import straight_through_one_hot
+
+    logits = torch.randn(6, 4, requires_grad=True)
+    code, probs = straight_through_one_hot(logits)
+    assert torch.equal(code.detach(), nn.functional.one_hot(logits.argmax(-1), 4).float())
+    w = torch.randn(4)
+    (code * w).sum().backward()
+    expected = torch.autograd.grad((torch.softmax(logits, -1) * w).sum(), logits)[0]
+    torch.testing.assert_close(logits.grad, expected)
+
+
+def test_lightzero_commitment_form_has_no_gradient_ours_has():
+    """``mse(x, ST(x))`` is flat in x (LightZero); ``||sg(c) - softmax(x)||^2`` is not."""
+    from torchrl_muzero.modules.stochastic import straight_through_one_hot
+
+    x = torch.randn(5, 3, requires_grad=True)
+    hard = nn.functional.one_hot(x.argmax(-1), 3).float()
+    lz = ((x - (hard + x - x.detach())) ** 2).sum()
+    assert torch.autograd.grad(lz, x)[0].abs().max() == 0
+    code, probs = straight_through_one_hot(x)
+    ours = ((code.detach() - probs) ** 2).sum()
+    assert torch.autograd.grad(ours, x)[0].abs().max() > 0
+
+
+def test_model_training_api_shapes_and_errors():
+    model = StochasticMuZeroMLPModel((2, 3), 3, chance_space_size=5, latent_dim=8, hidden_dim=8)
+    obs = torch.randn(4, 2, 3)
+    latent, _, _ = model.initial_inference(obs)
+    afterstate, sigma, q = model.afterstate_inference(latent, torch.tensor([0, 1, 2, 0]))
+    assert afterstate.shape == latent.shape and sigma.shape == (4, 5) and q.shape == (4, 21)
+    code, probs = model.encode_chance(obs, torch.randn(4, 2, 3))
+    out = model.chance_inference(afterstate, code)
+    assert [t.shape for t in out] == [torch.Size([4, 8]), torch.Size([4, 21]), torch.Size([4, 3]), torch.Size([4, 21])]
+    with pytest.raises(ValueError, match="chance_space_size"):
+        model.chance_inference(afterstate, code[:, :3])
+    with pytest.raises(ValueError, match="next_observation"):
+        model.encode_chance(obs, torch.randn(3, 2, 3))
+    with pytest.raises(ValueError, match=r"actions must lie in \[0, 3\)"):
+        model.afterstate_inference(latent, torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(ValueError, match="chance_space_size must be >= 1"):
+        StochasticMuZeroMLPModel((2,), 2, chance_space_size=0)
+    # MuZero's interface: dynamics takes the most likely code
+    nxt, r = model.dynamics(latent, torch.tensor([0, 1, 2, 0]))
+    best = nn.functional.one_hot(sigma.argmax(-1), 5).float()
+    torch.testing.assert_close(nxt, model.chance_dynamics(afterstate, best)[0])
+
+
+def test_search_step_matches_the_training_steps():
+    torch.manual_seed(1)
+    model = StochasticMuZeroMLPModel((4,), 2, chance_space_size=3, latent_dim=8, hidden_dim=8,
+                                     zero_init_heads=False)
+    root = model.search_root(torch.randn(3, 4))
+    mixed = root.state.clone()
+    mixed["is_chance"] = torch.tensor([False, True, False])
+    step = model.search_step(mixed, torch.tensor([1, 4, 0]), discount=0.5)
+    latent = root.state["latent"]
+    afterstate, sigma, q = model.afterstate_inference(latent, torch.tensor([1, 0, 0]))
+    nxt, r, p, v = model.chance_inference(latent, nn.functional.one_hot(torch.tensor([0, 2, 0]), 3).float())  # slot 4 = A + 2
+    for row in (0, 2):  # decision rows
+        torch.testing.assert_close(step.state["latent"][row], afterstate[row])
+        assert step.policy_logits[row, :2].isinf().all() and torch.equal(step.policy_logits[row, 2:], sigma[row])
+        assert step.reward[row] == 0 and step.discount[row] == 1
+        torch.testing.assert_close(step.value[row], model.decode_value(q)[row])
+    torch.testing.assert_close(step.state["latent"][1], nxt[1])
+    assert torch.equal(step.policy_logits[1, :2], p[1]) and step.policy_logits[1, 2:].isinf().all()
+    reward, value = model.decode_reward_and_value(r, v)
+    torch.testing.assert_close(step.reward[1], reward[1])
+    torch.testing.assert_close(step.value[1], value[1])
+    assert step.discount[1] == 0.5
+    assert step.state["is_chance"].tolist() == [True, False, True]
+    assert model.search_step(mixed, torch.tensor([1, 4, 0])).discount[1] == pytest.approx(0.997)
+
+
+# --------------------------------------------------------------------------- loss
+from torchrl_muzero.objectives import StochasticMuZeroLoss  # noqa: E402
+
+B, K, A, C = 6, 3, 2, 3
+
+
+def _batch(seed=0, **over):
+    g = torch.Generator().manual_seed(seed)
+    batch = TensorDict({
+        "observation": torch.randn(B, K + 1, 4, generator=g),
+        "observation_mask": torch.ones(B, K + 1, dtype=torch.bool),
+        "action": torch.randint(A, (B, K + 1), generator=g),
+        "target_reward": torch.randn(B, K + 1, generator=g),
+        "target_value": 2 * torch.randn(B, K + 1, generator=g),
+        "target_policy": torch.softmax(2 * torch.randn(B, K + 1, A, generator=g), -1),
+        "mask": torch.ones(B, K + 1, dtype=torch.bool),
+        "policy_mask": torch.ones(B, K + 1, dtype=torch.bool),
+    }, batch_size=[B, K + 1])
+    batch.update(over)
+    return batch
+
+
+def _model(C=C, seed=0, **kw):
+    torch.manual_seed(seed)
+    return StochasticMuZeroMLPModel((4,), A, chance_space_size=C, latent_dim=16, hidden_dim=16,
+                                    value_support_size=5, reward_support_size=5, **kw)
+
+
+def _total(out):
+    return sum(v for k, v in out.items() if k.startswith("loss_"))
+
+
+def test_loss_outputs_and_priority():
+    loss = StochasticMuZeroLoss(_model())
+    batch = _batch()
+    out = loss(batch)
+    names = ["loss_value", "loss_reward", "loss_policy", "loss_afterstate_value", "loss_chance", "loss_commitment"]
+    assert [k for k in out.keys() if k.startswith("loss_")] == names
+    assert set(loss.out_keys) == set(out.keys())
+    assert out["priority"].shape == (B,) and batch["priority"].shape == (B, K + 1)
+    assert 0 < float(out["code_usage"]) <= 1 and float(out["chance_entropy"]) > 0
+    assert "observation_mask" in loss.in_keys
+    per_sample = StochasticMuZeroLoss(_model(), reduction="none")(_batch())
+    assert per_sample["loss_chance"].shape == (B,)
+
+
+def test_codes_come_from_consecutive_observation_pairs():
+    model = _model()
+    loss = StochasticMuZeroLoss(model)
+    batch = _batch()
+    inputs = loss._read_inputs(batch)
+    unrolled = loss._unroll(inputs)
+    obs = batch["observation"]
+    for k in range(K):
+        code, _ = model.encode_chance(obs[:, k], obs[:, k + 1])
+        assert torch.equal(unrolled["code"][:, k], code)
+    assert unrolled["chance_logits"].shape == (B, K, C) and unrolled["q_logits"].shape == (B, K, 11)
+
+
+def test_chance_encoder_gets_gradient_from_the_world_model_terms_alone():
+    """The point LightZero's default mode misses: reward / value / policy train the encoder through c."""
+    for weights in (dict(), dict(value_loss_weight=0, policy_loss_weight=0),
+                    dict(reward_loss_weight=0, policy_loss_weight=0),
+                    dict(reward_loss_weight=0, value_loss_weight=0)):
+        model = _model(zero_init_heads=False)
+        loss = StochasticMuZeroLoss(model, chance_loss_weight=0.0, commitment_loss_weight=0.0,
+                                    afterstate_value_loss_weight=0.0, **weights)
+        _total(loss(_batch())).backward()
+        grads = [p.grad for p in model.chance_encoder.parameters()]
+        assert all(g is not None for g in grads), weights
+        assert sum(float(g.abs().sum()) for g in grads) > 0, weights
+
+
+def test_commitment_and_chance_terms_train_what_they_should():
+    model = _model()
+    loss = StochasticMuZeroLoss(model, value_loss_weight=0, reward_loss_weight=0, policy_loss_weight=0,
+                                afterstate_value_loss_weight=0, chance_loss_weight=0)
+    _total(loss(_batch())).backward()  # commitment only: the encoder, nothing else
+    assert float(model.chance_encoder[0].weight.grad.abs().sum()) > 0
+    assert model.chance_head.weight.grad is None or float(model.chance_head.weight.grad.abs().sum()) == 0
+    model = _model()
+    loss = StochasticMuZeroLoss(model, value_loss_weight=0, reward_loss_weight=0, policy_loss_weight=0,
+                                afterstate_value_loss_weight=0, commitment_loss_weight=0)
+    # sigma's CE against sg(c) trains sigma's head; with K = 1 (sigma_0 from the root, before any
+    # code) nothing reaches the encoder: the target is stopped. (With K > 1, sigma_k's CE reaches the
+    # earlier codes through s_k = g(as_{k-1}, c_{k-1}), as it should.)
+    _total(loss(_batch()[:, :2])).backward()
+    assert float(model.chance_head.weight.grad.abs().sum()) > 0
+    assert model.chance_encoder[0].weight.grad is None or float(model.chance_encoder[0].weight.grad.abs().sum()) == 0
+
+
+def test_one_code_gives_zero_chance_terms():
+    out = StochasticMuZeroLoss(_model(C=1))(_batch())
+    assert float(out["loss_chance"].detach()) == 0 and float(out["loss_commitment"].detach()) == 0
+
+
+def test_loss_decreases_on_a_fixed_batch():
+    model = _model()
+    loss = StochasticMuZeroLoss(model)
+    opt = torch.optim.Adam(loss.parameters(), lr=3e-3)
+    batch = _batch(seed=3)
+    first = None
+    for _ in range(40):
+        total = _total(loss(batch.clone()))
+        first = float(total.detach()) if first is None else first
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    last = float(_total(loss(batch.clone())).detach())
+    assert last < 0.8 * first, (first, last)
+
+
+def test_masks_make_missing_data_irrelevant():
+    loss = StochasticMuZeroLoss(_model())
+    obs_mask = torch.ones(B, K + 1, dtype=torch.bool)
+    obs_mask[0, 2:] = False  # row 0: observations stop after column 1
+    mask = obs_mask.clone()
+    batch = _batch(observation_mask=obs_mask, mask=mask, policy_mask=mask.clone())
+    ref = loss(batch.clone())
+    poisoned = batch.clone()
+    poisoned["observation"][0, 2:] = float("nan")
+    poisoned["target_value"][0, 2:] = float("nan")
+    poisoned["target_reward"][0, 2:] = float("nan")
+    out = loss(poisoned)
+    for key in ref.keys():
+        if key.startswith("loss_"):
+            assert torch.isfinite(out[key]), key
+    _total(out).backward()
+    assert all(bool(torch.isfinite(p.grad).all()) for p in loss.parameters() if p.grad is not None)
+    # the chance terms of steps whose next observation is missing do not count
+    inputs = loss._read_inputs(batch)
+    unrolled = loss._unroll(inputs)
+    assert unrolled["chance_valid"][0].tolist() == [True, False, False]
+
+
+def test_consistency_term_and_set_keys():
+    loss = StochasticMuZeroLoss(_model(), consistency_loss_weight=2.0, projection_dim=8,
+                                projection_hidden_dim=8, prediction_hidden_dim=8)
+    loss.set_keys(observation_mask="obs_ok")
+    batch = _batch()
+    batch["obs_ok"] = batch.pop("observation_mask")
+    out = loss(batch)
+    assert "loss_consistency" in out.keys() and torch.isfinite(out["loss_consistency"])
+
+
+def test_loss_errors_name_the_key():
+    loss = StochasticMuZeroLoss(_model())
+    batch = _batch()
+    del batch["observation_mask"]
+    with pytest.raises(ValueError, match="observation_mask"):
+        loss(batch)
+    with pytest.raises(ValueError, match=r"'observation_mask' must have shape \[B, K\+1\]"):
+        loss(_batch(observation_mask=torch.ones(B, K + 1, 2, dtype=torch.bool)))
+    no_future = torch.zeros(B, K + 1, dtype=torch.bool)
+    no_future[:, 0] = True
+    with pytest.raises(ValueError, match="with_future_observations=True"):
+        loss(_batch(observation_mask=no_future))
+    with pytest.raises(ValueError, match="'target_policy'"):
+        loss(_batch(target_policy=torch.full((B, K + 1, A + C), 1.0 / (A + C))))
+    bad_obs = _batch()
+    bad_obs["observation"][1, 2, 0] = float("inf")
+    with pytest.raises(ValueError, match="'observation' holds NaN"):
+        loss(bad_obs)
+    with pytest.raises(ValueError, match="chance_loss_weight"):
+        StochasticMuZeroLoss(_model(), chance_loss_weight=-1.0)
+    from torchrl_muzero.modules import MuZeroMLPModel
+
+    with pytest.raises(ValueError, match="StochasticMuZeroModel"):
+        StochasticMuZeroLoss(MuZeroMLPModel((4,), A))

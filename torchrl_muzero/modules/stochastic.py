@@ -45,7 +45,8 @@ __all__ = ["StochasticMuZeroModel", "StochasticMuZeroMLPModel", "straight_throug
 def straight_through_one_hot(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(code, probs)``: the one-hot of ``argmax logits`` with the softmax's gradient.
 
-    ``probs = softmax(logits)``, ``code = onehot(argmax) + probs - sg(probs)``.
+    ``probs = softmax(logits)``, ``code = onehot(argmax) + (probs - sg(probs))``; the
+    bracket is exactly 0 in the forward pass, so ``code`` is an exact one-hot.
     Ties go to the lowest index.
 
     Examples:
@@ -61,7 +62,7 @@ def straight_through_one_hot(logits: torch.Tensor) -> tuple[torch.Tensor, torch.
     """
     probs = torch.softmax(logits, -1)
     hard = F.one_hot(logits.argmax(-1), logits.shape[-1]).to(probs.dtype)
-    return hard + probs - probs.detach(), probs
+    return hard + (probs - probs.detach()), probs  # the bracket is exactly 0: an exact one-hot forward
 
 
 class StochasticMuZeroModel(MuZeroModel):

@@ -4,3 +4,6 @@ from torchrl_muzero.objectives.muzero import MuZeroLoss
 from torchrl_muzero.objectives.efficientzero import EfficientZeroLoss
 
 __all__ = ["EfficientZeroLoss", "LossTerm", "MuZeroLoss", "UnrolledModelLoss", "scale_gradient"]
+from torchrl_muzero.objectives.stochastic_muzero import StochasticMuZeroLoss
+
+__all__ += ["StochasticMuZeroLoss"]
