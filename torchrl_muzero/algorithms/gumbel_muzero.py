@@ -18,8 +18,9 @@ def _search_config(cfg):
     from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig
 
     a = cfg.algo
+    # no Dirichlet noise in Gumbel MuZero (the Gumbel draw explores): mcts.dirichlet_* are not read
     return GumbelMCTSConfig(
-        **mcts_kwargs(cfg),
+        **{**mcts_kwargs(cfg), "dirichlet_fraction": 0.0},
         max_num_considered_actions=a.max_num_considered_actions,
         gumbel_scale=a.gumbel_scale,
         value_scale=a.value_scale,

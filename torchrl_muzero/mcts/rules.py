@@ -30,7 +30,21 @@ __all__ = ["SelectionRule", "PUCT"]
 
 
 class SelectionRule(Protocol):
-    """``rule(tree, node [B] long, depth: int) -> action [B] long``."""
+    """``rule(tree, node [B] long, depth: int) -> action [B] long``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.mcts import allocate_tree
+        >>> from torchrl_muzero.mcts.rules import SelectionRule
+        >>> def most_prior(tree, node, depth):  # a rule is any such callable
+        ...     rows = torch.arange(tree.batch_size)
+        ...     return tree.children_prior[rows, node].argmax(-1)
+        >>> tree = allocate_tree(1, 2, 3, torch.Size([1]), torch.device("cpu"))
+        >>> tree.children_prior[:, 0] = torch.tensor([0.1, 0.7, 0.2])
+        >>> rule: SelectionRule = most_prior
+        >>> rule(tree, torch.zeros(1, dtype=torch.long), 0)
+        tensor([1])
+    """
 
     def __call__(self, tree: Tree, node: torch.Tensor, depth: int) -> torch.Tensor: ...
 

@@ -75,7 +75,7 @@ def temperature_at(cfg: TrainConfig, progress: float) -> float:
 
 def build_buffer(cfg: TrainConfig, seed: int | None = None):
     """The run's :class:`~torchrl_muzero.data.GameBuffer` (frames stored once for Atari stacks)."""
-    from torchrl_muzero.data import GameBuffer
+    from torchrl_muzero.data import GameBuffer, muzero_reanalyze
 
     b = cfg.buffer
     algo = algorithm(cfg)
@@ -92,6 +92,10 @@ def build_buffer(cfg: TrainConfig, seed: int | None = None):
         reanalyze_ratio=b.reanalyze_ratio,
         mcts_config=mcts_config(cfg),
         with_future_observations=algo.needs_future_observations(cfg),
+        target_builders=algo.target_builders(cfg),
+        # reanalyze re-runs the algorithm's own search (Gumbel: the improved policy)
+        reanalyze_search=muzero_reanalyze(mcts_config(cfg), search=algo.search_fn),
+        **algo.buffer_kwargs(cfg),
         seed=cfg.seed if seed is None else seed,
     )
 

@@ -61,7 +61,9 @@ class Learner:
         wait overlaps the sampling, forward and backward passes).
         """
         self.model.train()
-        batch = self.buffer.sample(self.cfg.optim.batch_size, model=self.model, target_model=self.target_model)
+        # policy_version: the data's age, for EfficientZero's off-policy correction (collectors stamp train_iter)
+        batch = self.buffer.sample(self.cfg.optim.batch_size, model=self.model, target_model=self.target_model,
+                                   policy_version=self.train_iter)
         stamp = batch.get("stamp", None) if "stamp" in batch.keys() else None
         out = self.loss_module(batch.to(self.device))
         loss = sum(v for k, v in out.items() if k.startswith("loss_"))
