@@ -46,6 +46,17 @@ Layout (all float32 unless said; weights in torch's ``nn.Linear`` convention,
   ``sto_latent_B256`` with ``check_actions``: ``sto_check_afterstate``, ``sto_check_chance_logits``,
   ``sto_check_q`` (decoded), then codes ``sto_check_codes [256]``: ``sto_check_next``, ``sto_check_reward``,
   ``sto_check_policy``, ``sto_check_value``.
+* EfficientZero (keys prefixed ``ez_``): ``EfficientZeroMLPModel((8,), 6, latent_dim=64, hidden_dim=64,
+  value_support_size=300, reward_support_size=300, zero_init_heads=False, lstm_hidden_size=64,
+  lstm_horizon_len=5)`` built after ``torch.manual_seed(0)``: ``ez_repr_*``, ``ez_dyn_*`` (the transition, no
+  reward), ``ez_pred_*`` as above; the value-prefix LSTM cell on the next latent ``ez_lstm_w_ih [4K, L]``,
+  ``ez_lstm_w_hh [4K, K]``, ``ez_lstm_b_ih``, ``ez_lstm_b_hh`` (torch ``LSTMCell``, gates i, f, g, o; K =
+  ``lstm_hidden_size``), then the head on ``h``: LayerNorm ``ez_vp_ln_w``, ``ez_vp_ln_b`` (eps 1e-5), ReLU,
+  ``ez_vp_w1 [H, K]``, ``ez_vp_b1``, ReLU, ``ez_vp_w2 [R, H]``, ``ez_vp_b2``: value-prefix logits.
+  ``lstm_hidden_size``, ``lstm_horizon_len`` (int64). Roots ``ez_latent_B{B}``, ``ez_policy_logits_B{B}``,
+  ``ez_value_B{B}`` (LSTM state zeros, prefix 0); checks from ``ez_latent_B256``, zero ``(h, c)`` and
+  ``check_actions``: ``ez_check_next``, ``ez_check_h``, ``ez_check_c``, ``ez_check_prefix`` (decoded),
+  ``ez_check_policy``, ``ez_check_value``.
 * ``torch_version``, ``layout_version`` (1) for the record.
 """
 from __future__ import annotations
@@ -79,6 +90,16 @@ def canonical_stochastic_model(chance_space_size: int = 32):
     return StochasticMuZeroMLPModel((OBS_DIM,), ACTIONS, chance_space_size=chance_space_size, latent_dim=64,
                                     hidden_dim=64, value_support_size=300, reward_support_size=300,
                                     zero_init_heads=False).eval()
+
+
+def canonical_efficientzero_model():
+    """The EfficientZero counterpart: same sizes, a 64-unit value-prefix LSTM reset every 5 steps."""
+    from torchrl_muzero.modules import EfficientZeroMLPModel
+
+    torch.manual_seed(0)
+    return EfficientZeroMLPModel((OBS_DIM,), ACTIONS, latent_dim=64, hidden_dim=64, value_support_size=300,
+                                 reward_support_size=300, zero_init_heads=False, lstm_hidden_size=64,
+                                 lstm_horizon_len=5).eval()
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -133,6 +154,48 @@ def build_case(model: MuZeroMLPModel | None = None) -> dict[str, np.ndarray]:
         case.update(build_stochastic_case(case["obs_B256"], actions))
     except ImportError:  # a checkout without the Stochastic MuZero model: MuZero / Gumbel cases only
         pass
+    try:
+        case.update(build_efficientzero_case(case["obs_B256"], actions))
+    except ImportError:
+        pass
+    return case
+
+
+@torch.no_grad()
+def build_efficientzero_case(obs: np.ndarray, actions: torch.Tensor, model=None) -> dict[str, np.ndarray]:
+    model = canonical_efficientzero_model() if model is None else model
+    case: dict[str, np.ndarray] = {"lstm_hidden_size": np.int64(model.lstm_hidden_size),
+                                   "lstm_horizon_len": np.int64(model.lstm_horizon_len)}
+    for name, net in (("repr", model.representation_net), ("dyn", model.dynamics_net)):
+        if len(net) != 3:
+            raise ValueError("the exported layout is for one hidden layer per network (num_layers=1).")
+        first, _, last = net
+        case.update({f"ez_{name}_w1": _np(first.weight), f"ez_{name}_b1": _np(first.bias),
+                     f"ez_{name}_w2": _np(last.weight), f"ez_{name}_b2": _np(last.bias)})
+    p1 = model.prediction_trunk[0]
+    lstm = model.value_prefix_lstm
+    head = model.value_prefix_head
+    if len(head) != 5:
+        raise ValueError("the exported layout is for a value-prefix head of one hidden layer (num_layers=1).")
+    ln, _, l1, _, l2 = head
+    case.update({
+        "ez_pred_w1": _np(p1.weight), "ez_pred_b1": _np(p1.bias),
+        "ez_pred_w2": _np(model.prediction_head.weight), "ez_pred_b2": _np(model.prediction_head.bias),
+        "ez_lstm_w_ih": _np(lstm.weight_ih), "ez_lstm_w_hh": _np(lstm.weight_hh),
+        "ez_lstm_b_ih": _np(lstm.bias_ih), "ez_lstm_b_hh": _np(lstm.bias_hh),
+        "ez_vp_ln_w": _np(ln.weight), "ez_vp_ln_b": _np(ln.bias),
+        "ez_vp_w1": _np(l1.weight), "ez_vp_b1": _np(l1.bias), "ez_vp_w2": _np(l2.weight), "ez_vp_b2": _np(l2.bias),
+    })
+    latent, logits, value_logits = model.initial_inference(torch.from_numpy(obs))
+    value = model.value_support.decode(value_logits)
+    for B in BATCHES:
+        case[f"ez_latent_B{B}"], case[f"ez_policy_logits_B{B}"] = _np(latent[:B]), _np(logits[:B])
+        case[f"ez_value_B{B}"] = _np(value[:B])
+    nxt, (h, c), prefix_logits, policy, value_logits = model.recurrent_inference_prefix(
+        latent, model.initial_lstm_state(latent.shape[0]), actions)
+    prefix, value = model.decode_reward_and_value(prefix_logits, value_logits)
+    case.update({"ez_check_next": _np(nxt), "ez_check_h": _np(h), "ez_check_c": _np(c),
+                 "ez_check_prefix": _np(prefix), "ez_check_policy": _np(policy), "ez_check_value": _np(value)})
     return case
 
 

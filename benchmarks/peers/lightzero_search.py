@@ -14,8 +14,8 @@ then ``roots.get_distributions()``. One timed search = noise + roots +
 search + reading the visit counts, from the exported root latents and logits.
 
 Each variant is one small function (``VARIANTS``): ``muzero``,
-``gumbel_muzero`` and ``stochastic_muzero`` (on the exported Stochastic
-network); ``efficientzero`` needs a value-prefix LSTM network, not exported yet.
+``gumbel_muzero``, ``stochastic_muzero`` and ``efficientzero`` (on the
+exported Stochastic and EfficientZero networks).
 """
 from __future__ import annotations
 
@@ -102,6 +102,46 @@ class LZStochasticMLP(torch.nn.Module):
         out = self._two("pred", nxt)
         return SimpleNamespace(latent_state=nxt, reward=self._two("rew", nxt), policy_logits=out[:, : self.A],
                                value=out[:, self.A:])
+
+
+class LZEfficientZeroMLP(torch.nn.Module):
+    """The exported EfficientZero MLP (``ez_*``) with LightZero's EfficientZero model interface.
+
+    ``recurrent_inference(latent, (h, c), action)`` -> ``latent_state``,
+    ``reward_hidden_state`` (``(h, c)``, each ``[1, B, K]`` as LightZero
+    stores them), ``value_prefix`` / ``value`` logits and ``policy_logits``.
+    """
+
+    def __init__(self, case: dict) -> None:
+        super().__init__()
+        self.A = int(case["num_actions"])
+        self.eps = float(case["scale_eps"])
+        for k in pc.prefixed_weight_keys(case, "ez_"):
+            self.register_buffer(k[3:], torch.from_numpy(np.ascontiguousarray(case[k], dtype=np.float32)))
+        K = int(case["lstm_hidden_size"])
+        self.lstm = torch.nn.LSTMCell(int(case["latent_dim"]), K)
+        with torch.no_grad():
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                getattr(self.lstm, name).copy_(getattr(self, "lstm_" + name.replace("weight", "w").replace("bias", "b")))
+        self.K = K
+
+    _scale = LZMuZeroMLP._scale
+    _two = LZMuZeroMLP._two
+
+    def step(self, latent, h, c, action):
+        nxt = self._scale(self._two("dyn", torch.cat([latent, F.one_hot(action.reshape(-1).long(), self.A)
+                                                          .to(latent.dtype)], -1)))
+        h, c = self.lstm(nxt, (h, c))
+        x = torch.relu(F.layer_norm(h, (self.K,), self.vp_ln_w, self.vp_ln_b, 1e-5))
+        prefix = F.linear(torch.relu(F.linear(x, self.vp_w1, self.vp_b1)), self.vp_w2, self.vp_b2)
+        out = self._two("pred", nxt)
+        return nxt, h, c, prefix, out[:, : self.A], out[:, self.A:]
+
+    def recurrent_inference(self, latent, hidden, action):
+        h, c = hidden
+        nxt, h, c, prefix, policy, value = self.step(latent, h[0], c[0], action)
+        return SimpleNamespace(latent_state=nxt, reward_hidden_state=(h.unsqueeze(0), c.unsqueeze(0)),
+                               value_prefix=prefix, policy_logits=policy, value=value)
 
 
 def _cfg(case: dict, **extra):
@@ -191,7 +231,34 @@ def stochastic_muzero(case: dict, model) -> callable:
     return run
 
 
-VARIANTS = {"muzero": muzero, "gumbel_muzero": gumbel_muzero, "stochastic_muzero": stochastic_muzero}
+def efficientzero(case: dict, model) -> callable:
+    """``ctree_efficientzero`` through ``EfficientZeroMCTSCtree`` (``efficientzero.py::_forward_collect``).
+
+    The exported EfficientZero network (``ez_*``); LightZero zeroes the LSTM
+    state of leaves whose search length is a multiple of ``lstm_horizon_len``.
+    """
+    from lzero.mcts.tree_search.mcts_ctree import EfficientZeroMCTSCtree
+
+    cfg = _cfg(case, lstm_horizon_len=int(case["lstm_horizon_len"]))
+    mcts = EfficientZeroMCTSCtree(cfg)
+    ez = LZEfficientZeroMLP(case).eval()
+    A, K = int(case["num_actions"]), int(case["lstm_hidden_size"])
+
+    def run(B):
+        legal = [list(range(A)) for _ in range(B)]
+        latent, logits = case[f"ez_latent_B{B}"], case[f"ez_policy_logits_B{B}"].tolist()
+        hidden = (np.zeros((1, B, K), dtype=np.float32), np.zeros((1, B, K), dtype=np.float32))
+        noises = [np.random.dirichlet([cfg.root_dirichlet_alpha] * A).astype(np.float32).tolist() for _ in range(B)]
+        roots = EfficientZeroMCTSCtree.roots(B, legal)
+        roots.prepare(cfg.root_noise_weight, noises, [0.0] * B, logits, [-1] * B)
+        mcts.search(roots, ez, latent, hidden, [-1] * B)
+        return roots.get_distributions()
+
+    return run
+
+
+VARIANTS = {"muzero": muzero, "gumbel_muzero": gumbel_muzero, "stochastic_muzero": stochastic_muzero,
+            "efficientzero": efficientzero}
 
 
 def main() -> None:
@@ -229,6 +296,15 @@ def main() -> None:
                     decode(out.value).numpy())
 
         pc.check_stochastic(IMPL, case, afterstate, chance)
+    if "lstm_hidden_size" in case:
+        ez = LZEfficientZeroMLP(case).eval()
+
+        @torch.no_grad()
+        def ez_step(latent, h, c, action):
+            nxt, h, c, prefix, policy, value = ez.step(*(torch.from_numpy(x) for x in (latent, h, c, action)))
+            return nxt.numpy(), h.numpy(), c.numpy(), decode(prefix).numpy(), policy.numpy(), decode(value).numpy()
+
+        pc.check_efficientzero(IMPL, case, ez_step)
     if args.check_only:
         return
     np.random.seed(0)

@@ -107,8 +107,7 @@ class NumpyMLP:
 
 def stochastic_weight_keys(case: dict) -> list[str]:
     """The ``sto_*`` weight keys (not the roots nor the checks)."""
-    return [k for k in case if k.startswith("sto_")
-            and not k.startswith(("sto_latent_", "sto_policy_logits_", "sto_value_", "sto_check_"))]
+    return prefixed_weight_keys(case, "sto_")
 
 
 class NumpyStochastic:
@@ -163,6 +162,29 @@ def check_stochastic(impl: str, case: dict, afterstate: Callable, chance: Callab
     emit({"impl": impl, "check": "stochastic_network", "max_abs_diff": worst, "diffs": diffs, "ok": worst <= tol})
     if worst > tol:
         print(f"{impl}: the re-implemented stochastic network differs from ours by {worst:g} > {tol:g}",
+              file=sys.stderr)
+        sys.exit(3)
+    return worst
+
+
+def prefixed_weight_keys(case: dict, prefix: str) -> list[str]:
+    """The ``{prefix}*`` weight keys of a case (not its roots nor its checks)."""
+    return [k for k in case if k.startswith(prefix) and not k.startswith(
+        tuple(f"{prefix}{x}" for x in ("latent_", "policy_logits_", "value_", "check_")))]
+
+
+def check_efficientzero(impl: str, case: dict, step: Callable, tol: float = 1e-3) -> float:
+    """Check an EfficientZero re-implementation: ``step(latent, h, c, action) -> (next, h, c, prefix, policy, value)``."""
+    latent = case["ez_latent_B256"]
+    zeros = np.zeros((latent.shape[0], int(case["lstm_hidden_size"])), dtype=np.float32)
+    out = [np.asarray(x) for x in step(latent, zeros, zeros, case["check_actions"])]
+    names = ("next", "h", "c", "prefix", "policy", "value")
+    diffs = {n: float(np.abs(o.reshape(case[f"ez_check_{n}"].shape) - case[f"ez_check_{n}"]).max())
+             for n, o in zip(names, out)}
+    worst = max(diffs.values())
+    emit({"impl": impl, "check": "efficientzero_network", "max_abs_diff": worst, "diffs": diffs, "ok": worst <= tol})
+    if worst > tol:
+        print(f"{impl}: the re-implemented EfficientZero network differs from ours by {worst:g} > {tol:g}",
               file=sys.stderr)
         sys.exit(3)
     return worst
@@ -223,7 +245,7 @@ def common_args(description: str):
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--case", required=True, help="the .npz written by export_case.py")
-    parser.add_argument("--variants", default="muzero,gumbel_muzero,stochastic_muzero",
+    parser.add_argument("--variants", default="muzero,gumbel_muzero,stochastic_muzero,efficientzero",
                         help="comma-separated search variants to time")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default: the case's)")
     parser.add_argument("--rounds", type=int, default=3)

@@ -21,7 +21,9 @@ the C++ tree with the model called from Python per simulation, ``torch`` the
 tree in tensor ops; Gumbel and Stochastic MuZero run over the shared loop
 (Gumbel's ``cpp`` backend still selects in torch, see
 ``gumbel_muzero_search``; Stochastic is torch only). Stochastic MuZero uses
-its own exported network (``export_case.py``: C = 32 chance codes).
+its own exported network (``export_case.py``: C = 32 chance codes), and so
+does EfficientZero (a 64-unit value-prefix LSTM reset every 5 steps), searched
+by MuZero's policy (``muzero_search``) over the C++ tree loop or torch.
 """
 from __future__ import annotations
 
@@ -119,6 +121,32 @@ def _our_runs(case: dict, variants: list[str]):
                 return stochastic_muzero_search(sto, root, cfg, generator=gen).visit_counts
 
             runs[("ours-torch", "stochastic_muzero")] = run
+
+    if "efficientzero" in variants and "lstm_hidden_size" in case:
+        try:
+            from tensordict import TensorDict
+
+            from torchrl_muzero.mcts.search import muzero_search
+            from torchrl_muzero.modules.step import ModelStep
+        except ImportError as err:
+            print(f"ours: no EfficientZero search here ({err})", file=sys.stderr)
+        else:
+            ez = export_case.canonical_efficientzero_model()
+            ez_t = {k: torch.from_numpy(v) for k, v in case.items() if k.startswith("ez_") and "_B" in k}
+            K = int(case["lstm_hidden_size"])
+            for backend in (["cpp"] if has_cpp else []) + ["torch"]:
+                cfg = MCTSConfig(num_simulations=sims, backend=backend)  # no fused search: the C++ tree loop
+
+                @torch.no_grad()
+                def run(B, cfg=cfg):
+                    latent, value = ez_t[f"ez_latent_B{B}"], ez_t[f"ez_value_B{B}"]
+                    state = TensorDict({"latent": latent, "lstm_h": torch.zeros(B, K), "lstm_c": torch.zeros(B, K),
+                                        "value_prefix": torch.zeros(B), "steps": torch.zeros(B, dtype=torch.long)},
+                                       [B])
+                    root = ModelStep(state, torch.zeros_like(value), ez_t[f"ez_policy_logits_B{B}"], value)
+                    return muzero_search(ez, root, cfg, generator=gen).visit_counts
+
+                runs[("ours-cpp-loop" if backend == "cpp" else "ours-torch", "efficientzero")] = run
     return model, runs
 
 
@@ -192,7 +220,7 @@ def table(records: list[dict]) -> str:
         row = [f"{statistics.median(cells[(variant, B, i)]):15.1f}" if (variant, B, i) in cells else f"{'-':>15}"
                for i in impls]
         lines.append(f"{variant:<17} {B:>4} " + " ".join(row))
-    for kind in ("network", "stochastic_network"):
+    for kind in ("network", "stochastic_network", "efficientzero_network"):
         checks = [r for r in records if r.get("check") == kind]
         if checks:
             lines.append(f"{kind} check (max abs diff vs ours): "
@@ -202,7 +230,7 @@ def table(records: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variants", default="muzero,gumbel_muzero,stochastic_muzero")
+    parser.add_argument("--variants", default="muzero,gumbel_muzero,stochastic_muzero,efficientzero")
     parser.add_argument("--batches", default="1,8,64,256")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peers", default="lightzero,mctx", help="comma-separated; empty for ours only")

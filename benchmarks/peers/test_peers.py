@@ -84,3 +84,15 @@ def test_stochastic_case_and_numpy_reference(case, capsys):
     net = pc.NumpyStochastic(c)
     assert pc.check_stochastic("numpy", c, net.afterstate, net.chance) < 1e-3
     assert '"ok": true' in capsys.readouterr().out
+
+
+def test_efficientzero_case_layout(case):
+    _, c = case
+    if "lstm_hidden_size" not in c:
+        pytest.skip("no EfficientZero model in this checkout")
+    K, L, A = int(c["lstm_hidden_size"]), int(c["latent_dim"]), int(c["num_actions"])
+    assert (K, int(c["lstm_horizon_len"])) == (64, 5)
+    assert c["ez_lstm_w_ih"].shape == (4 * K, L) and c["ez_lstm_w_hh"].shape == (4 * K, K)
+    assert c["ez_vp_w2"].shape == (601, 64) and c["ez_check_h"].shape == (256, K)
+    assert c["ez_dyn_w1"].shape == (64, L + A) and "ez_rew_w1" not in c  # the LSTM replaces the reward head
+    assert sorted(pc.prefixed_weight_keys(c, "ez_"))[:3] == ["ez_dyn_b1", "ez_dyn_b2", "ez_dyn_w1"]
