@@ -267,8 +267,6 @@ def test_search_rejects_two_player_cpp_and_bad_roots():
         stochastic_search(model, obs, MCTSConfig(num_simulations=2), to_play=torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="two-player"):
         stochastic_muzero_search(model, model.search_root(obs), MCTSConfig(num_simulations=2), two_player=True)
-    with pytest.raises(ValueError, match="backend"):
-        stochastic_search(model, obs, MCTSConfig(num_simulations=2, backend="cpp"))
     root = model.search_root(obs)
     root.policy_logits = root.policy_logits[:, :2]
     with pytest.raises(ValueError, match=r"\[B, A \+ C\]"):
@@ -521,3 +519,29 @@ def test_loss_errors_name_the_key():
 
     with pytest.raises(ValueError, match="StochasticMuZeroModel"):
         StochasticMuZeroLoss(MuZeroMLPModel((4,), A))
+
+
+def test_cpp_and_torch_backends_give_the_same_search():
+    """Where the loaded kernel runs the chance rule (csrc/rules.h), both backends visit alike."""
+    from torchrl_muzero.mcts import _cpp
+    from torchrl_muzero.mcts.loop import cpp_rules_supported
+    from torchrl_muzero.mcts.rules import PUCT
+    from torchrl_muzero.mcts.stochastic import StochasticRule
+
+    ops = _cpp.load_tree_ops()
+    if not cpp_rules_supported(ops, PUCT(), StochasticRule(PUCT(), ChanceRule(3))):
+        with pytest.raises((ValueError, RuntimeError), match="backend='auto'"):
+            stochastic_search(StochasticMuZeroMLPModel((4,), 3, chance_space_size=2), torch.randn(2, 4),
+                              MCTSConfig(num_simulations=2, backend="cpp"))
+        pytest.skip("the loaded C++ kernel does not run Stochastic MuZero's rules")
+    torch.manual_seed(0)
+    model = StochasticMuZeroMLPModel((4,), 3, chance_space_size=4, latent_dim=8, hidden_dim=16,
+                                     zero_init_heads=False)
+    obs = torch.randn(5, 4)
+    out = {}
+    for backend in ("torch", "cpp"):
+        config = MCTSConfig(num_simulations=40, discount=0.95, backend=backend)
+        out[backend] = stochastic_search(model, obs, config, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(out["torch"].visit_counts, out["cpp"].visit_counts)
+    assert torch.equal(out["torch"].tree.children_index, out["cpp"].tree.children_index)
+    torch.testing.assert_close(out["torch"].root_value, out["cpp"].root_value)

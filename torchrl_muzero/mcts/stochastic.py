@@ -18,8 +18,10 @@ marks the other kind's slots with ``-inf`` logits, which no rule selects
 * Result: visit counts, policy target and action over the first ``A``
   slots only.
 
-The search runs in torch ops (any device); the C++ kernel has no chance
-rule yet (:attr:`ChanceRule.cpp_rule` names the one a port would add).
+Backends: the tree bookkeeping runs in the C++ kernel when ``config.backend``
+allows it, the tree is on the CPU and the loaded kernel lists both rules'
+``cpp_rule`` names (pUCT at the root, ``"stochastic"`` inside); otherwise in
+batched torch ops (any device).
 """
 from __future__ import annotations
 
@@ -30,11 +32,11 @@ from dataclasses import dataclass
 import torch
 
 from torchrl_muzero.mcts.config import MCTSConfig
-from torchrl_muzero.mcts.loop import run_search, start_tree
+from torchrl_muzero.mcts.loop import cpp_rules_supported, run_search, start_tree
 from torchrl_muzero.mcts.noise import sample_dirichlet
 from torchrl_muzero.mcts.puct import selectable
 from torchrl_muzero.mcts.rules import PUCT
-from torchrl_muzero.mcts.search import SearchResult, check_action_mask, select_action
+from torchrl_muzero.mcts.search import SearchResult, _resolve_backend, check_action_mask, select_action
 from torchrl_muzero.mcts.tree import Tree
 from torchrl_muzero.modules.step import ModelStep
 
@@ -144,18 +146,14 @@ def stochastic_muzero_search(
     Raises:
         ValueError: for ``two_player`` (not supported: the chance player's
             turn makes the sign convention of the alternating-value search
-            ambiguous), for ``config.backend == "cpp"`` (no C++ chance rule
-            yet) or root logits that are not ``[B, A + C]``.
+            ambiguous), for ``config.backend == "cpp"`` when the loaded kernel
+            lacks the rules, or root logits that are not ``[B, A + C]``.
+        RuntimeError: ``backend == "cpp"`` without a C++ kernel for this tree.
     """
     if two_player:
         raise ValueError(
             "stochastic_muzero_search does not support two-player games (to_play / two_player): "
             "Stochastic MuZero's search here is single-agent."
-        )
-    if config.backend == "cpp":
-        raise ValueError(
-            "stochastic_muzero_search runs in torch ops only (the C++ kernel has no chance rule yet); "
-            "use MCTSConfig(backend='auto') or 'torch'."
         )
     A = int(model.num_actions)
     B, slots = root.policy_logits.shape
@@ -180,7 +178,15 @@ def stochastic_muzero_search(
     decision = PUCT(config.pb_c_base, config.pb_c_init)
     interior = StochasticRule(decision, ChanceRule(A))
     step = functools.partial(model.search_step, discount=config.discount)
-    run_search(tree, step, config.num_simulations, decision, interior, config.discount, ops=None)
+    ops = _resolve_backend(config, device)
+    if ops is not None and not cpp_rules_supported(ops, decision, interior):
+        if config.backend == "cpp":
+            raise ValueError(
+                "MCTSConfig(backend='cpp'): the loaded C++ kernel does not run Stochastic MuZero's rules "
+                f"({decision.cpp_rule!r} at the root, {interior.cpp_rule!r} inside); use backend='auto' or 'torch'."
+            )
+        ops = None
+    run_search(tree, step, config.num_simulations, decision, interior, config.discount, ops)
 
     visit_counts = tree.root_child_visits()[:, :A]
     search_policy = visit_counts.float() / visit_counts.sum(-1, keepdim=True).clamp_min(1)
