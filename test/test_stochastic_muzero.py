@@ -545,3 +545,40 @@ def test_cpp_and_torch_backends_give_the_same_search():
     assert torch.equal(out["torch"].visit_counts, out["cpp"].visit_counts)
     assert torch.equal(out["torch"].tree.children_index, out["cpp"].tree.children_index)
     torch.testing.assert_close(out["torch"].root_value, out["cpp"].root_value)
+
+
+def test_loss_trains_on_a_game_buffer_batch_with_future_observations():
+    """The replay buffer's batch (with_future_observations=True) feeds the loss as it is."""
+    from torchrl_muzero.data import GameBuffer
+
+    def episode(eid, T, end):
+        g = torch.Generator().manual_seed(eid)
+        obs = torch.randn(T + 1, 4, generator=g)
+        done = torch.zeros(T, 1, dtype=torch.bool)
+        term, trunc = done.clone(), done.clone()
+        if end != "open":
+            done[-1] = True
+            (term if end == "terminal" else trunc)[-1] = True
+        return TensorDict({
+            "observation": obs[:-1], "action": torch.randint(A, (T,), generator=g),
+            "search_policy": torch.softmax(torch.randn(T, A, generator=g), -1),
+            "root_value": torch.randn(T, generator=g), "policy_version": torch.zeros(T, dtype=torch.long),
+            ("collector", "traj_ids"): torch.full((T,), eid),
+            ("next", "observation"): obs[1:], ("next", "reward"): torch.randn(T, 1, generator=g),
+            ("next", "done"): done, ("next", "terminated"): term, ("next", "truncated"): trunc,
+        }, [T])
+
+    buf = GameBuffer(100, num_unroll_steps=K, td_steps=2, with_future_observations=True, seed=0, alpha=0.0)
+    for eid, (T, end) in enumerate([(5, "terminal"), (4, "truncated"), (6, "open")]):
+        buf.extend(episode(eid, T, end))
+    batch = buf.sample(16)
+    obs_mask, mask = batch["observation_mask"], batch["mask"]
+    assert bool((~mask[:, 1:] | obs_mask[:, 1:]).all())  # a target at k has its observation
+    assert bool((~obs_mask[:, 1:]).any())  # some rows run past the stored data
+    model = _model()
+    loss = StochasticMuZeroLoss(model)
+    out = loss(batch)
+    _total(out).backward()
+    assert all(bool(torch.isfinite(p.grad).all()) for p in loss.parameters() if p.grad is not None)
+    assert float(model.chance_encoder[0].weight.grad.abs().sum()) > 0
+    assert batch["priority"].shape == (16, K + 1)
