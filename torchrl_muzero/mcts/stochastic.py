@@ -14,7 +14,11 @@ marks the other kind's slots with ``-inf`` logits, which no rule selects
   included).
 * Chance nodes: :class:`ChanceRule`, the deterministic
   ``argmax_c sigma(c) / (N(c) + 1)`` of mctx's ``stochastic_muzero_policy``
-  (LightZero samples ``c ~ sigma`` with an unseeded generator instead).
+  and of the paper's footnote 1 (its pseudocode samples ``c ~ sigma``, as
+  LightZero does with an unseeded generator).
+* Edge discounts (the model step's): 1 into a chance node, ``config.discount``
+  into a decision node, so one environment step is discounted once (mctx; the
+  paper's pseudocode backs up with the discount on every edge, twice a step).
 * Result: visit counts, policy target and action over the first ``A``
   slots only.
 

@@ -16,9 +16,14 @@ Terms: MuZero's value / reward / policy (and optional consistency), plus
 * ``chance``: ``CE(sigma_k, sg(c_k))`` where both observations exist (weight 1),
 * ``commitment``: ``||sg(c_k) - softmax(c^e_k)||^2`` there too (``beta``, weight 1).
 
-Paper form (recalled, the paper text was not reachable here):
+The paper (section 4.1, "Model training", and its appendix pseudocode's
+``StochasticMuZeroLearner.learn``): ``Q_k`` is trained towards ``z_{t+k}``,
+``sigma_k`` towards ``c_{t+k+1} = onehot(argmax e(o_{<=t+k+1}))``, plus "a
+VQ-VAE commitment cost" keeping ``c^e`` close to the code (its equation 7
+did not survive the text extraction read here; the pseudocode omits it):
 ``L = L_MuZero + sum_k [l_Q(z_{t+k}, Q_k) + l_sigma(c_{t+k+1}, sigma_k) +
-beta ||c_{t+k+1} - c^e_{t+k+1}||^2]``.
+beta ||c_{t+k+1} - c^e_{t+k+1}||^2]``. The encoder here reads the pair
+``(o_{t+k}, o_{t+k+1})`` (LightZero's input) rather than the whole history.
 
 The encoder gets its gradient from two places: the commitment term, and the
 world-model terms (reward, value, policy after ``g``) through the
