@@ -230,7 +230,7 @@ class StochasticMuZeroLoss(MuZeroLoss):
         obs, obs_mask = inputs["observation"], inputs["observation_mask"]
         B, K1 = obs_mask.shape
         if not bool(obs_mask.all()):  # missing observations become zeros: no NaN can reach a gradient
-            obs = torch.where(obs_mask.view(B, K1, *([1] * (obs.ndim - 2))), obs, torch.zeros((), dtype=obs.dtype))
+            obs = torch.where(obs_mask.view(B, K1, *([1] * (obs.ndim - 2))), obs, obs.new_zeros(()))
         code, probs = self.model.encode_chance(obs[:, :-1].flatten(0, 1), obs[:, 1:].flatten(0, 1))
         code, probs = code.view(B, K1 - 1, -1), probs.view(B, K1 - 1, -1)
         self._chance_codes = code  # the carry of the base's unroll (_initial_carry)
