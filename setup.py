@@ -16,13 +16,19 @@ if os.environ.get("TORCHRL_MUZERO_NO_EXT", "0") != "1":
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-        sources = [os.path.join("torchrl_muzero", "csrc", "tree_ops.cpp")]
+        csrc = os.path.join("torchrl_muzero", "csrc")
+        # Keep in step with torchrl_muzero/mcts/_cpp.py's _SOURCES (the JIT build).
+        sources = [os.path.join(csrc, f) for f in ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp")]
+        headers = [os.path.join(csrc, f) for f in ("tree_common.h", "rules.h", "gumbel_rules.h", "dispatch.h", "mlp_net.h")]
         if all(os.path.exists(s) for s in sources):
             ext_modules.append(
                 CppExtension(
                     "torchrl_muzero._C",
                     sources,
-                    extra_compile_args=["-O3"],
+                    depends=headers,
+                    # fp-contract=off: no fused multiply-adds (the kernel's float32 contract);
+                    # the sources force it with a pragma too.
+                    extra_compile_args=["-O3", "-ffp-contract=off"],
                     optional=True,
                 )
             )

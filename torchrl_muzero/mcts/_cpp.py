@@ -1,8 +1,16 @@
 """Loader and thin wrappers for the optional C++ tree kernel (``torchrl_muzero._C``).
 
-The kernel (``torchrl_muzero/csrc/tree_ops.cpp``) does the search's select and
-expand/backup bookkeeping as one loop over the ``B`` trees per call; see that
-file for the exact float32 contract the plain-torch path mirrors.
+The kernel (``torchrl_muzero/csrc/``: ``tree_ops.cpp`` and the files it
+lists) does the search's select and expand/backup bookkeeping as one loop over
+the ``B`` trees per call; see ``tree_common.h`` (backup) and ``rules.h`` (the
+rules) for the exact float32 contracts the plain-torch path mirrors.
+
+Rules. The descent is written once in C++ and templated on the rule pair;
+a Python rule names its C++ counterpart in ``cpp_rule`` with its float
+constants in ``cpp_params`` (:mod:`torchrl_muzero.mcts.rules`). The loaded
+module lists the names it knows in ``ROOT_RULES`` and ``INTERIOR_RULES``
+(:func:`cpp_rule_names`); a rule that reads variant data finds it by name in
+``tree.extra``, whose tensors every call passes along.
 
 The extension is optional: it is built by ``pip install --no-build-isolation
 -e .`` when a compiler is present. Without it :func:`load_tree_ops` returns
@@ -26,13 +34,19 @@ from .tree import Tree
 __all__ = [
     "load_tree_ops",
     "tree_ops_unavailable_reason",
+    "cpp_rule_names",
+    "cpp_rule_args",
     "cpp_select",
     "cpp_expand_and_backup",
+    "cpp_mlp_search",
 ]
 
-# Must equal kTreeOpsVersion in tree_ops.cpp: an in-place build left over from
-# an older checkout would otherwise be called with the wrong arguments.
-_EXPECTED_VERSION = 1
+# Must equal kTreeOpsVersion in csrc/tree_common.h: an in-place build left over
+# from an older checkout would otherwise be called with the wrong arguments.
+_EXPECTED_VERSION = 2
+
+# The kernel's translation units (keep in step with setup.py's list).
+_SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp")
 
 _lock = threading.Lock()
 _loaded = False  # the load is attempted once per process; failures are sticky
@@ -40,9 +54,9 @@ _module: ModuleType | None = None
 _reason: str | None = "not loaded yet"
 
 
-def _source_path() -> str:
+def _source_paths() -> list[str]:
     here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(os.path.dirname(here), "csrc", "tree_ops.cpp")
+    return [os.path.join(os.path.dirname(here), "csrc", name) for name in _SOURCES]
 
 
 def _check_version(mod: ModuleType, origin: str) -> ModuleType:
@@ -58,15 +72,16 @@ def _check_version(mod: ModuleType, origin: str) -> ModuleType:
 def _jit_compile() -> ModuleType:
     from torch.utils.cpp_extension import load
 
-    source = _source_path()
-    if not os.path.exists(source):
-        raise FileNotFoundError(f"kernel source not found at {source}")
+    sources = _source_paths()
+    missing = [s for s in sources if not os.path.exists(s)]
+    if missing:
+        raise FileNotFoundError(f"kernel sources not found: {missing}")
     build_dir = os.environ.get("TORCHRL_MUZERO_JIT_DIR")
     if build_dir:
         os.makedirs(build_dir, exist_ok=True)
     mod = load(
         name="torchrl_muzero_tree_ops",
-        sources=[source],
+        sources=sources,
         # Same flags as setup.py; fp-contract=off is also forced in the source.
         extra_cflags=["-O3", "-ffp-contract=off"],
         build_directory=build_dir,
@@ -116,27 +131,102 @@ def _require() -> ModuleType:
     return mod
 
 
-def cpp_select(
-    tree: Tree, pb_c_base: float, pb_c_init: float, discount: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """pUCT descent in every tree: ``(leaf_node [B], leaf_action [B])``, both int64.
+def cpp_rule_names(ops: ModuleType | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(root rule names, interior rule names)`` the kernel ``ops`` (default: the loaded one) runs.
 
-    ``leaf_action`` of ``leaf_node`` is the first unexpanded edge the descent
-    chose. Reads the tree only. Tensors must be CPU, contiguous, of the dtypes
-    of :func:`~torchrl_muzero.mcts.tree.allocate_tree`.
+    Empty when no kernel is loaded.
     """
+    ops = load_tree_ops() if ops is None else ops
+    if ops is None:
+        return (), ()
+    return tuple(getattr(ops, "ROOT_RULES", ())), tuple(getattr(ops, "INTERIOR_RULES", ()))
+
+
+def cpp_rule_args(rule) -> tuple[str, list[float]]:
+    """``(name, params)`` of a rule for the kernel: a rule object's ``cpp_rule`` / ``cpp_params``.
+
+    A ``(name, params)`` pair is passed through, so tests and benchmarks may
+    name a C++ rule directly. Raises ``ValueError`` for a rule without a C++
+    counterpart.
+    """
+    if isinstance(rule, tuple) and len(rule) == 2 and isinstance(rule[0], str):
+        name, params = rule
+    else:
+        name = getattr(rule, "cpp_rule", None)
+        if name is None:
+            raise ValueError(f"{rule!r} has no C++ rule (no `cpp_rule`)")
+        params = getattr(rule, "cpp_params", ())
+    return str(name), _flat_floats(params)
+
+
+def _flat_floats(params) -> list[float]:
+    # A composite rule's params nest its parts' (StochasticRule: ((base, init), (num_actions,))).
+    out: list[float] = []
+    for p in params:
+        if isinstance(p, (tuple, list)):
+            out.extend(_flat_floats(p))
+        else:
+            out.append(float(p))
+    return out
+
+
+def _extra(tree: Tree, *rules) -> dict[str, torch.Tensor]:
+    """The tensors the kernel's rules may read: ``tree.extra``'s, plus a node-type flag from the node states.
+
+    A rule with a ``state_key`` (Stochastic MuZero's ``StochasticRule``) reads
+    its ``[B, N]`` node flag from ``tree.embeddings[state_key]``; the kernel
+    takes it as ``"is_chance"``.
+    """
+    extra = {k: v for k, v in tree.extra.items() if isinstance(v, torch.Tensor)}
+    for rule in rules:
+        key = getattr(rule, "state_key", None)
+        if key is not None and "is_chance" not in extra and not isinstance(tree.embeddings, torch.Tensor):
+            extra["is_chance"] = tree.embeddings.get(key)
+    return extra
+
+
+def cpp_select(tree: Tree, root_rule, interior_rule) -> tuple[torch.Tensor, torch.Tensor]:
+    """Descend every tree with ``root_rule`` at the root and ``interior_rule`` below: ``(leaf_node [B], leaf_action [B])``.
+
+    Both int64; ``leaf_action`` of ``leaf_node`` is the first unexpanded edge
+    the descent chose. The rules are objects with ``cpp_rule`` /
+    ``cpp_params`` (e.g. :class:`~torchrl_muzero.mcts.rules.PUCT`) or
+    ``(name, params)`` pairs. Edge values use each edge's
+    ``tree.children_discount``; edges whose ``tree.children_logits`` is
+    ``-inf`` and illegal root actions are never chosen. Reads the tree only.
+    Tensors must be CPU, contiguous, of the dtypes of
+    :func:`~torchrl_muzero.mcts.tree.allocate_tree`.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.mcts import allocate_tree
+        >>> from torchrl_muzero.mcts.rules import PUCT
+        >>> tree = allocate_tree(2, 4, 3, torch.Size([1]), torch.device("cpu"))
+        >>> tree.visit_count[:, 0] = 1
+        >>> tree.children_prior[:, 0] = torch.tensor([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3]])
+        >>> tree.children_logits[1, 0, 0] = float("-inf")  # never selectable
+        >>> cpp_select(tree, PUCT(), PUCT())[1]  # doctest: +SKIP
+        tensor([1, 2])
+    """
+    root_name, root_params = cpp_rule_args(root_rule)
+    interior_name, interior_params = cpp_rule_args(interior_rule)
     return _require().select(
         tree.visit_count,
         tree.value_sum,
         tree.children_index,
         tree.children_prior,
         tree.children_reward,
+        tree.children_discount,
+        tree.children_logits,
+        tree.raw_value,
         tree.min_q,
         tree.max_q,
         tree.root_legal,
-        float(pb_c_base),
-        float(pb_c_init),
-        float(discount),
+        root_name,
+        root_params,
+        interior_name,
+        interior_params,
+        _extra(tree, root_rule, interior_rule),
     )
 
 
@@ -148,14 +238,17 @@ def cpp_expand_and_backup(
     reward: torch.Tensor,
     value: torch.Tensor,
     prior: torch.Tensor,
-    discount: float,
+    edge_discount: torch.Tensor | None = None,
 ) -> None:
     """Attach node ``node_index`` under ``(leaf_node, leaf_action)`` and back ``value`` up, in place.
 
     ``leaf_node`` / ``leaf_action``: ``[B]`` int64 (as :func:`cpp_select` returns);
     ``reward`` / ``value``: ``[B]`` float32; ``prior``: ``[B, A]`` float32 (the
-    new node's children priors). Updates visit counts, value sums and
-    ``min_q`` / ``max_q``; the new node's embedding is the caller's to write.
+    new node's children priors); ``edge_discount``: optional ``[B]`` float32,
+    written as the new edge's ``children_discount`` before the backup (else
+    the edge keeps the one the tree holds). Each edge on the way up uses its
+    own discount. Updates visit counts, value sums and ``min_q`` / ``max_q``;
+    the new node's state, logits and raw value are the caller's to write.
     """
     _require().expand_and_backup(
         tree.visit_count,
@@ -165,6 +258,7 @@ def cpp_expand_and_backup(
         tree.children_index,
         tree.children_prior,
         tree.children_reward,
+        tree.children_discount,
         tree.min_q,
         tree.max_q,
         int(node_index),
@@ -173,5 +267,49 @@ def cpp_expand_and_backup(
         reward,
         value,
         prior,
-        float(discount),
+        None if edge_discount is None else edge_discount.float().contiguous(),
+    )
+
+
+def cpp_mlp_search(
+    tree: Tree, weights: list[torch.Tensor], reward_eps: float, value_eps: float, root_rule, interior_rule
+) -> None:
+    """Every simulation of a search for ``MuZeroMLPModel`` (one hidden layer) in one C++ call, in place.
+
+    ``tree`` is fresh with its root written (:func:`~torchrl_muzero.mcts.loop.start_tree`,
+    root priors prepared, ``tree.extra`` filled); ``weights, reward_eps,
+    value_eps`` are ``model.fused_search_weights()``. Simulation ``s`` creates
+    node ``s + 1``: its latent, raw value, prior logits and prior are written
+    as the loop writes them, its edge keeps ``tree.children_discount``. The
+    rules are taken as by :func:`cpp_select`. Raises ``RuntimeError`` if the
+    kernel was built without the fused search.
+    """
+    ops = _require()
+    if not hasattr(ops, "mlp_search"):
+        raise RuntimeError("the C++ tree kernel was built without the fused MLP search")
+    root_name, root_params = cpp_rule_args(root_rule)
+    interior_name, interior_params = cpp_rule_args(interior_rule)
+    ops.mlp_search(
+        tree.visit_count,
+        tree.value_sum,
+        tree.parent,
+        tree.action_from_parent,
+        tree.children_index,
+        tree.children_prior,
+        tree.children_reward,
+        tree.children_discount,
+        tree.children_logits,
+        tree.raw_value,
+        tree.min_q,
+        tree.max_q,
+        tree.root_legal,
+        tree.embeddings,
+        weights,
+        float(reward_eps),
+        float(value_eps),
+        root_name,
+        root_params,
+        interior_name,
+        interior_params,
+        _extra(tree, root_rule, interior_rule),
     )

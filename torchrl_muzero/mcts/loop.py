@@ -10,11 +10,12 @@ from the finished tree (:mod:`torchrl_muzero.mcts.search` is MuZero's,
 :mod:`torchrl_muzero.mcts.gumbel` Gumbel MuZero's).
 
 Backends. The C++ kernel (``torchrl_muzero._C``) implements the descent for
-the rules that name a ``cpp_rule`` it knows, and the expand/backup with one
-discount for every edge. The loop uses it when ``ops`` is given, both rules
-are C++ rules and no model step returns its own edge discount; otherwise the
-same simulation runs in batched torch ops. Both give the same visit counts
-(test/test_tree_ops.py, test/test_golden_search.py).
+the rules that name a ``cpp_rule`` it lists (``ROOT_RULES`` /
+``INTERIOR_RULES``), and the expand/backup with each edge's own discount (a
+model step's ``discount`` included). The loop uses it when ``ops`` is given
+and both rules are C++ rules; otherwise the same simulation runs in batched
+torch ops. Both give the same visit counts (test/test_tree_ops.py,
+test/test_cpp_rules.py, test/test_golden_search.py).
 """
 from __future__ import annotations
 
@@ -60,13 +61,16 @@ def start_tree(
 
 
 def cpp_rules_supported(ops, root_rule: SelectionRule, interior_rule: SelectionRule) -> bool:
-    """Whether the loaded kernel ``ops`` runs this pair of rules (today: pUCT at both, same constants)."""
-    names = (getattr(root_rule, "cpp_rule", None), getattr(interior_rule, "cpp_rule", None))
-    return (
-        ops is not None
-        and names == ("puct", "puct")
-        and root_rule.cpp_params == interior_rule.cpp_params
-    )
+    """Whether the loaded kernel ``ops`` runs this pair of rules.
+
+    True when the root rule's ``cpp_rule`` is one of the kernel's
+    ``ROOT_RULES`` and the interior rule's one of its ``INTERIOR_RULES``
+    (each rule passes its own ``cpp_params``).
+    """
+    if ops is None:
+        return False
+    roots, interiors = _cpp.cpp_rule_names(ops)
+    return getattr(root_rule, "cpp_rule", None) in roots and getattr(interior_rule, "cpp_rule", None) in interiors
 
 
 def run_search(
@@ -84,9 +88,9 @@ def run_search(
     ``step(parent_states, actions) -> ModelStep`` once for the whole batch,
     stores the new node (its state, raw value, prior logits and softmax
     prior, the edge's reward and discount) and backs its value up.
-    ``discount`` is the scalar the C++ kernel applies to every edge (the
-    default of ``tree.children_discount``); ``ops`` the loaded kernel or
-    ``None`` for the torch path.
+    ``discount`` is the search's discount (the default of
+    ``tree.children_discount``, which both backends read per edge); ``ops``
+    the loaded kernel or ``None`` for the torch path.
 
     Examples:
         >>> import torch
@@ -105,7 +109,7 @@ def run_search(
     for sim in range(num_simulations):
         n = sim + 1
         if use_cpp:
-            leaf_node, leaf_action = _cpp.cpp_select(tree, *root_rule.cpp_params, discount)
+            leaf_node, leaf_action = _cpp.cpp_select(tree, root_rule, interior_rule)
         else:
             leaf_node, leaf_action = descend(tree, root_rule, interior_rule)
         out = step(tree.embeddings[rows, leaf_node], leaf_action)
@@ -114,13 +118,12 @@ def run_search(
         tree.children_logits[:, n] = logits
         tree.raw_value[:, n] = out.value.float()
         prior = torch.softmax(logits, -1)
-        if use_cpp and out.discount is None:
+        if use_cpp:
             _cpp.cpp_expand_and_backup(
-                tree, n, leaf_node, leaf_action, out.reward.float(), out.value.float(), prior, discount
+                tree, n, leaf_node, leaf_action, out.reward.float(), out.value.float(), prior,
+                edge_discount=out.discount,
             )
         else:
-            if use_cpp:  # a model step with its own edge discounts: torch from here on
-                use_cpp = False
             expand_and_backup(
                 tree, n, leaf_node, leaf_action, out.reward.float(), out.value.float(), prior,
                 edge_discount=out.discount,

@@ -1,0 +1,183 @@
+// Gumbel MuZero's rules (Danihelka et al., ICLR 2022) for the C++ descent:
+// GumbelRootRule (Sequential Halving with Gumbel at the root) and
+// GumbelInteriorRule (the deterministic interior rule), ports of
+// mcts/gumbel.py, mcts/qtransform.py and mcts/seq_halving.py.
+//
+// Parameters (the Python rules' cpp_params): value_scale, maxvisit_init,
+// rescale_values (0 or 1). The root rule reads tree.extra["gumbel"] [B, A]
+// float32 and tree.extra["considered_visits"] [B, S] int64 (each root's
+// Sequential Halving sequence).
+//
+// Float32 expression order, as the torch modules document it:
+//   q(a)     = reward + discount * (value_sum / visits)  (visited edges)
+//   prior    = softmax(logits) = exp(l - max l) * (1 / sum exp(l - max l))
+//   p        = max(prior, FLT_MIN); sum_n = sum visits;
+//   sum_p    = sum over visited of p;  wq = sum over visited of (p * q) / sum_p
+//   mixed    = (raw_value + sum_n * wq) / (sum_n + 1)
+//   cq(a)    = visited ? q(a) : mixed;  with rescale_values
+//   cq       = (cq - min cq) / max(max cq - min cq, 1e-8)   (over all A slots)
+//   sigma    = ((maxvisit_init + max visits) * value_scale) * cq
+//   interior: pi = softmax(logits + sigma); s = pi - visits / (1 + sum_n)
+//   root:     s = max(-1e9, (gumbel + (logits - max logits)) + sigma) where
+//             visits == considered_visits[min(sum_n, S - 1)], else -inf
+// Sums run in ascending action order. NOT bit-identical to torch: std::exp
+// is not torch's vectorised exp and torch may reduce in another order, so
+// the scores can differ by a few ulps; the chosen actions agree except on
+// near-ties of that size (test/test_cpp_rules.py compares whole descents).
+#pragma once
+
+#include "rules.h"
+
+namespace tree_ops {
+
+struct GumbelParams {
+  float value_scale, maxvisit_init;
+  bool rescale;
+  explicit GumbelParams(const RuleSpec& s)
+      : value_scale(static_cast<float>(s.params[0])),
+        maxvisit_init(static_cast<float>(s.params[1])),
+        rescale(s.params[2] != 0.0) {}
+};
+
+// softmax of x[0:A] into out (exp(-inf) = 0).
+inline void softmax_into(const float* x, int64_t A, float* out) {
+  float mx = x[0];
+  for (int64_t a = 1; a < A; ++a) mx = std::max(mx, x[a]);
+  float total = 0.0f;
+  for (int64_t a = 0; a < A; ++a) {
+    out[a] = std::exp(x[a] - mx);
+    total += out[a];
+  }
+  const float inv = 1.0f / total;
+  for (int64_t a = 0; a < A; ++a) out[a] = out[a] * inv;
+}
+
+// sigma(completedQ) [A] of the edges below `node` into sigma, the child
+// visits into visits; returns sum(visits). `prior` is A floats of scratch.
+inline float sigma_completed_q(const Row& t, int64_t node,
+                               const GumbelParams& g, float* sigma,
+                               float* visits, float* prior) {
+  const int64_t A = t.A;
+  const float* cr = t.cr + node * A;
+  const float* cd = t.cd + node * A;
+  float* q = sigma;  // q, then completedQ, then sigma, in place
+  float sum_n = 0.0f, max_n = 0.0f;
+  for (int64_t a = 0; a < A; ++a) {
+    const int32_t child = expanded_child(t, node, a);
+    const float n = child >= 0 ? static_cast<float>(t.vc[child]) : 0.0f;
+    visits[a] = n;
+    q[a] = n > 0.0f ? cr[a] + cd[a] * (t.vs[child] / n) : 0.0f;
+    sum_n += n;
+    max_n = std::max(max_n, n);
+  }
+  softmax_into(t.lg + node * A, A, prior);
+  const float tiny = std::numeric_limits<float>::min();
+  float sum_p = 0.0f;
+  for (int64_t a = 0; a < A; ++a)
+    if (visits[a] > 0.0f) sum_p += std::max(prior[a], tiny);
+  float wq = 0.0f;
+  for (int64_t a = 0; a < A; ++a)
+    if (visits[a] > 0.0f) wq += std::max(prior[a], tiny) * q[a] / sum_p;
+  const float mixed = (t.rv[node] + sum_n * wq) / (sum_n + 1.0f);
+  for (int64_t a = 0; a < A; ++a)
+    if (!(visits[a] > 0.0f)) q[a] = mixed;
+  if (g.rescale) {
+    float lo = q[0], hi = q[0];
+    for (int64_t a = 1; a < A; ++a) {
+      lo = std::min(lo, q[a]);
+      hi = std::max(hi, q[a]);
+    }
+    const float range = std::max(hi - lo, 1e-8f);
+    for (int64_t a = 0; a < A; ++a) q[a] = (q[a] - lo) / range;
+  }
+  const float scale = (g.maxvisit_init + max_n) * g.value_scale;
+  for (int64_t a = 0; a < A; ++a) sigma[a] = scale * q[a];
+  return sum_n;
+}
+
+// Scratch of a Gumbel rule: 3 x A floats, reused at every node (a rule
+// object serves one call, on one thread).
+struct GumbelScratch {
+  mutable std::vector<float> buf;
+  explicit GumbelScratch(int64_t A) : buf(static_cast<size_t>(3 * A)) {}
+};
+
+struct GumbelInteriorRule {
+  GumbelParams g;
+  GumbelScratch sc;
+  GumbelInteriorRule(const RuleSpec& s, const TreeArrays& t) : g(s), sc(t.A) {}
+
+  int64_t operator()(const Row& t, int64_t node, int64_t /*depth*/) const {
+    const int64_t A = t.A;
+    float* sigma = sc.buf.data();
+    float* visits = sigma + A;
+    float* pi = visits + A;
+    const float sum_n = sigma_completed_q(t, node, g, sigma, visits, pi);
+    const float* lg = t.lg + node * A;
+    for (int64_t a = 0; a < A; ++a) sigma[a] = lg[a] + sigma[a];
+    softmax_into(sigma, A, pi);
+    const float denom = 1.0f + sum_n;
+    int64_t best = 0;
+    float best_score = kNegInf;
+    for (int64_t a = 0; a < A; ++a) {
+      if (!selectable(t, node, a)) continue;
+      const float score = pi[a] - visits[a] / denom;
+      if (score > best_score) {
+        best_score = score;
+        best = a;
+      }
+    }
+    return best;
+  }
+};
+
+struct GumbelRootRule {
+  GumbelParams g;
+  GumbelScratch sc;
+  const float* gumbel;
+  const int64_t* table;
+  int64_t S;
+
+  GumbelRootRule(const RuleSpec& s, const TreeArrays& t, const Extra& extra)
+      : g(s), sc(t.A) {
+    const at::Tensor& noise = extra_tensor(extra, "gumbel", "gumbel_root");
+    check_tensor(noise, "extra['gumbel']", at::kFloat, 2);
+    check_shape(noise, "extra['gumbel']", {t.B, t.A});
+    const at::Tensor& seq =
+        extra_tensor(extra, "considered_visits", "gumbel_root");
+    check_tensor(seq, "extra['considered_visits']", at::kLong, 2);
+    TORCH_CHECK(seq.size(0) == t.B && seq.size(1) >= 1,
+                "tree_ops: `extra['considered_visits']` must have shape [",
+                t.B, ", S >= 1], got ", seq.sizes());
+    gumbel = noise.data_ptr<float>();
+    table = seq.data_ptr<int64_t>();
+    S = seq.size(1);
+  }
+
+  int64_t operator()(const Row& t, int64_t node, int64_t /*depth*/) const {
+    const int64_t A = t.A;
+    float* sigma = sc.buf.data();
+    float* visits = sigma + A;
+    const float sum_n =
+        sigma_completed_q(t, node, g, sigma, visits, visits + A);
+    const int64_t sim = std::min(static_cast<int64_t>(sum_n), S - 1);
+    const float considered = static_cast<float>(table[t.b * S + sim]);
+    const float* lg = t.lg + node * A;
+    const float* noise = gumbel + t.b * A;
+    float mx = lg[0];
+    for (int64_t a = 1; a < A; ++a) mx = std::max(mx, lg[a]);
+    int64_t best = 0;
+    float best_score = kNegInf;
+    for (int64_t a = 0; a < A; ++a) {
+      if (!selectable(t, node, a) || visits[a] != considered) continue;
+      const float score = std::max((noise[a] + (lg[a] - mx)) + sigma[a], -1e9f);
+      if (score > best_score) {
+        best_score = score;
+        best = a;
+      }
+    }
+    return best;
+  }
+};
+
+}  // namespace tree_ops

@@ -1,0 +1,230 @@
+// The fused search for MuZeroMLPModel: every simulation of a search in one
+// call (select with the given rules, the network step of mlp_net.h, expand
+// and backup), the GIL released throughout. Also the network's test and
+// benchmark hooks (mlp_recurrent, mlp_unroll) and their registration.
+#include "mlp_net.h"
+#include "dispatch.h"
+
+#ifdef MZ_HAVE_MLP_SEARCH
+
+namespace tree_ops {
+namespace {
+
+// Test hook: one search step, as model.recurrent_inference_scalar plus the
+// prior. Returns (next_latent, reward, policy_logits, value, prior).
+std::vector<at::Tensor> mlp_recurrent(const std::vector<at::Tensor>& weights,
+                                      int64_t num_actions, double reward_eps,
+                                      double value_eps,
+                                      const at::Tensor& latent,
+                                      const at::Tensor& action,
+                                      bool baseline) {
+  const MlpNet& net = pack_mlp(weights, num_actions, reward_eps, value_eps);
+  check_tensor(action, "action", at::kLong, 1);
+  const int64_t B = action.size(0);
+  check_latent_and_actions(net, latent, action, B);
+  const auto opts = latent.options();
+  auto next = at::empty({B, net.L}, opts);
+  auto reward = at::empty({B}, opts), value = at::empty({B}, opts);
+  auto logits = at::empty({B, net.A}, opts), prior = at::empty({B, net.A}, opts);
+  pybind11::gil_scoped_release no_gil;
+  MlpScratch& sc = thread_scratch(net);
+  const float* in[kGroup];
+  float* out[kGroup];
+  for (int64_t g = 0; g < B; g += kGroup) {
+    const int64_t n = std::min(kGroup, B - g);
+    for (int64_t s = 0; s < n; ++s) {
+      in[s] = latent.data_ptr<float>() + (g + s) * net.L;
+      out[s] = next.data_ptr<float>() + (g + s) * net.L;
+    }
+    mlp_step(net, sc, n, in, action.data_ptr<int64_t>() + g, out,
+             reward.data_ptr<float>() + g, value.data_ptr<float>() + g,
+             prior.data_ptr<float>() + g * net.A,
+             logits.data_ptr<float>() + g * net.A, baseline);
+  }
+  return {next, reward, logits, value, prior};
+}
+
+// Network-only counterpart of mlp_search for benchmarks: actions.size(0)
+// chained steps from `latent` (no tree). Returns the last latent.
+at::Tensor mlp_unroll(const std::vector<at::Tensor>& weights,
+                      int64_t num_actions, double reward_eps, double value_eps,
+                      const at::Tensor& latent, const at::Tensor& actions) {
+  const MlpNet& net = pack_mlp(weights, num_actions, reward_eps, value_eps);
+  check_tensor(actions, "actions", at::kLong, 2);
+  const int64_t S = actions.size(0), B = actions.size(1);
+  check_latent_and_actions(net, latent, actions, B);
+  auto cur = latent.clone(), nxt = at::empty_like(latent);
+  pybind11::gil_scoped_release no_gil;
+  MlpScratch& sc = thread_scratch(net);
+  std::vector<float> reward(kGroup), value(kGroup), prior(kGroup * net.A);
+  const float* in[kGroup];
+  float* out[kGroup];
+  for (int64_t t = 0; t < S; ++t) {
+    for (int64_t g = 0; g < B; g += kGroup) {
+      const int64_t n = std::min(kGroup, B - g);
+      for (int64_t s = 0; s < n; ++s) {
+        in[s] = cur.data_ptr<float>() + (g + s) * net.L;
+        out[s] = nxt.data_ptr<float>() + (g + s) * net.L;
+      }
+      mlp_step(net, sc, n, in, actions.data_ptr<int64_t>() + t * B + g, out,
+               reward.data(), value.data(), prior.data(), nullptr);
+    }
+    std::swap(cur, nxt);
+  }
+  return cur;
+}
+
+
+// The whole search on a fresh tree whose root (node 0: children_prior,
+// children_logits, root_legal, embeddings, raw_value) the caller has filled:
+// simulation s creates node s + 1, for s < N - 1, and writes its latent, raw
+// value, prior logits and prior. Every edge keeps the discount
+// children_discount holds (the network returns none of its own).
+void mlp_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
+                const at::Tensor& parent, const at::Tensor& action_from_parent,
+                const at::Tensor& children_index,
+                const at::Tensor& children_prior,
+                const at::Tensor& children_reward,
+                const at::Tensor& children_discount,
+                const at::Tensor& children_logits, const at::Tensor& raw_value,
+                const at::Tensor& min_q, const at::Tensor& max_q,
+                const at::Tensor& root_legal, const at::Tensor& embeddings,
+                const std::vector<at::Tensor>& weights, double reward_eps,
+                double value_eps, const std::string& root_rule,
+                const std::vector<double>& root_params,
+                const std::string& interior_rule,
+                const std::vector<double>& interior_params,
+                const Extra& extra) {
+  TreeArrays t = check_tree(visit_count, value_sum, children_index,
+                            children_prior, children_reward,
+                            children_discount, min_q, max_q);
+  check_links(t, parent, action_from_parent);
+  check_descent_inputs(t, root_legal, children_logits, raw_value);
+  const int64_t B = t.B, N = t.N, A = t.A;
+  const RuleSpec root = parse_rule(root_rule, root_params, true);
+  const RuleSpec interior = parse_rule(interior_rule, interior_params, false);
+  const MlpNet& net = pack_mlp(weights, A, reward_eps, value_eps);
+  check_tensor(embeddings, "embeddings", at::kFloat, 3);
+  check_shape(embeddings, "embeddings", {B, N, net.L});
+  float* emb_all = embeddings.data_ptr<float>();
+  // The simulations rely on a fresh tree (node s + 1 unattached when
+  // simulation s starts): reject a tree that was searched already.
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(t.vc[b * N] == 0 && (N < 2 || t.par[b * N + 1] == -1),
+                "mlp_search: tree ", b, " was searched already; pass a fresh "
+                "tree from allocate_tree");
+  const int64_t L = net.L;
+
+  with_rules(root, interior, t, extra, [&](const auto& rr, const auto& ir) {
+    pybind11::gil_scoped_release no_gil;
+    MlpScratch& sc = thread_scratch(net);
+    int64_t leaf[kGroup], act[kGroup];
+    float reward[kGroup], value[kGroup];
+    std::vector<float> prior(kGroup * A), logits(kGroup * A);
+    const float* in[kGroup];
+    float* out[kGroup];
+    for (int64_t n = 1; n < N; ++n) {
+      for (int64_t g = 0; g < B; g += kGroup) {
+        const int64_t rows = std::min(kGroup, B - g);
+        for (int64_t s = 0; s < rows; ++s) {
+          const int64_t b = g + s;
+          const Leaf l = select_in_tree(row(t, b), rr, ir);
+          leaf[s] = l.node;
+          act[s] = l.action;
+          in[s] = emb_all + (b * N + l.node) * L;
+          out[s] = emb_all + (b * N + n) * L;
+        }
+        mlp_step(net, sc, rows, in, act, out, reward, value, prior.data(),
+                 logits.data());
+        for (int64_t s = 0; s < rows; ++s) {
+          const int64_t b = g + s;
+          const Row r = row(t, b);
+          std::copy_n(logits.data() + s * A, A, r.lg + n * A);
+          r.rv[n] = value[s];
+          expand_and_backup_in_tree(r, n, leaf[s], act[s], reward[s],
+                                    value[s], prior.data() + s * A, nullptr);
+        }
+      }
+    }
+  });
+}
+
+// The version-1 signature (pUCT at every node with one set of constants and
+// one discount for every edge), kept for callers that do not pass the rules
+// yet: runs mlp_search on temporary discount / logits / raw-value arrays, so
+// the tree's own children_logits and raw_value stay as the caller left them.
+void mlp_search_puct(const at::Tensor& visit_count, const at::Tensor& value_sum,
+                     const at::Tensor& parent,
+                     const at::Tensor& action_from_parent,
+                     const at::Tensor& children_index,
+                     const at::Tensor& children_prior,
+                     const at::Tensor& children_reward, const at::Tensor& min_q,
+                     const at::Tensor& max_q, const at::Tensor& root_legal,
+                     const at::Tensor& embeddings,
+                     const std::vector<at::Tensor>& weights, double reward_eps,
+                     double value_eps, double pb_c_base, double pb_c_init,
+                     double discount) {
+  check_tensor(children_index, "children_index", at::kInt, 3);
+  check_tensor(visit_count, "visit_count", at::kInt, 2);
+  const auto f32 = children_reward.options();
+  const auto shape = children_index.sizes();
+  const at::Tensor disc = at::full(shape, static_cast<float>(discount), f32);
+  const at::Tensor logits = at::zeros(shape, f32);
+  const at::Tensor raw = at::zeros(visit_count.sizes(), f32);
+  const std::vector<double> puct{pb_c_base, pb_c_init};
+  mlp_search(visit_count, value_sum, parent, action_from_parent,
+             children_index, children_prior, children_reward, disc, logits,
+             raw, min_q, max_q, root_legal, embeddings, weights, reward_eps,
+             value_eps, "puct", puct, "puct", puct, Extra{});
+}
+
+}  // namespace
+
+void register_mlp(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("mlp_search", &mlp_search,
+        "Run every simulation of a search for MuZeroMLPModel (one hidden "
+        "layer) on a fresh tree whose root is initialised, in place, "
+        "descending with the named root and interior rules.",
+        py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),
+        py::arg("action_from_parent"), py::arg("children_index"),
+        py::arg("children_prior"), py::arg("children_reward"),
+        py::arg("children_discount"), py::arg("children_logits"),
+        py::arg("raw_value"), py::arg("min_q"), py::arg("max_q"),
+        py::arg("root_legal"), py::arg("embeddings"), py::arg("weights"),
+        py::arg("reward_eps"), py::arg("value_eps"), py::arg("root_rule"),
+        py::arg("root_params"), py::arg("interior_rule"),
+        py::arg("interior_params"), py::arg("extra") = Extra{});
+  m.def("mlp_search", &mlp_search_puct,
+        "Version-1 form: pUCT everywhere with (pb_c_base, pb_c_init) and one "
+        "discount for every edge.",
+        py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),
+        py::arg("action_from_parent"), py::arg("children_index"),
+        py::arg("children_prior"), py::arg("children_reward"),
+        py::arg("min_q"), py::arg("max_q"), py::arg("root_legal"),
+        py::arg("embeddings"), py::arg("weights"), py::arg("reward_eps"),
+        py::arg("value_eps"), py::arg("pb_c_base"), py::arg("pb_c_init"),
+        py::arg("discount"));
+  m.def("mlp_recurrent", &mlp_recurrent,
+        "Test hook: the fused search's network step for a batch of latents "
+        "(`baseline`: force the 4-wide build instead of the AVX2 one). "
+        "Returns [next_latent, reward, policy_logits, value, prior].",
+        py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
+        py::arg("value_eps"), py::arg("latent"), py::arg("action"),
+        py::arg("baseline") = false);
+  m.def("mlp_unroll", &mlp_unroll,
+        "Benchmark hook: actions.size(0) chained network steps without a "
+        "tree. Returns the last latent.",
+        py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
+        py::arg("value_eps"), py::arg("latent"), py::arg("actions"));
+}
+
+}  // namespace tree_ops
+
+#else  // no GCC/Clang vector extensions: the module has no fused search
+
+namespace tree_ops {
+void register_mlp(pybind11::module_&) {}
+}  // namespace tree_ops
+
+#endif  // MZ_HAVE_MLP_SEARCH
