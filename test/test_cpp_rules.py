@@ -111,6 +111,28 @@ def seed(*key) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
 
+def count_kernel_calls(monkeypatch) -> dict:
+    """Count the loop's kernel calls (``run_search`` binds them with ``_cpp.bind_cpp_search``)."""
+    calls = {"select": 0, "backup": 0}
+    real = _cpp.bind_cpp_search
+
+    def bind(*args):
+        select, backup = real(*args)
+
+        def counted_select():
+            calls["select"] += 1
+            return select()
+
+        def counted_backup(*a, **k):
+            calls["backup"] += 1
+            return backup(*a, **k)
+
+        return counted_select, counted_backup
+
+    monkeypatch.setattr(_cpp, "bind_cpp_search", bind)
+    return calls
+
+
 # ----------------------------------------------------------------------------
 # The kernel's Python API
 # ----------------------------------------------------------------------------
@@ -277,13 +299,11 @@ def test_gumbel_search_backends_agree_and_use_the_kernel(monkeypatch):
     mask = torch.rand(7, 5, generator=torch.Generator().manual_seed(1)) > 0.3
     mask[:, 0] = True
     outs = {}
-    calls = []
-    real = _cpp.cpp_select
-    monkeypatch.setattr(_cpp, "cpp_select", lambda *a: calls.append(1) or real(*a))
+    calls = count_kernel_calls(monkeypatch)
     for backend in ("torch", "cpp"):
         cfg = GumbelMCTSConfig(num_simulations=20, max_num_considered_actions=4, backend=backend)
         outs[backend] = gumbel_search(model, obs, cfg, action_mask=mask, generator=torch.Generator().manual_seed(2))
-    assert len(calls) == 20  # the cpp search descended in C++
+    assert calls == {"select": 20, "backup": 20}  # the cpp search ran in C++
     assert torch.equal(outs["cpp"].visit_counts, outs["torch"].visit_counts)
     assert torch.equal(outs["cpp"].action, outs["torch"].action)
 
@@ -312,13 +332,11 @@ def test_model_step_with_its_own_discount_runs_in_cpp_and_matches_torch(monkeypa
     root = ModelStep(torch.zeros(B, 2), torch.zeros(B), random_logits(g, B, A, 0.2), torch.randn(B, generator=g))
     legal = root.policy_logits > NEG_INF
     trees = {}
-    calls = []
-    real = _cpp.cpp_expand_and_backup
-    monkeypatch.setattr(_cpp, "cpp_expand_and_backup", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = count_kernel_calls(monkeypatch)
     for name, ops in (("torch", None), ("cpp", _OPS)):
         tree = start_tree(root, S, legal, 0.997)
         trees[name] = run_search(tree, DiscountingStep(A, 7), S, PUCT(), PUCT(), 0.997, ops=ops)
-    assert len(calls) == S  # every backup ran in C++ (the loop no longer falls back)
+    assert calls == {"select": S, "backup": S}  # every backup ran in C++ (the loop no longer falls back)
     a, b = trees["cpp"], trees["torch"]
     for name in ("visit_count", "children_index", "children_discount", "value_sum", "min_q", "max_q"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name

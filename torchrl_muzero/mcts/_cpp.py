@@ -23,6 +23,7 @@ takes about a minute and needs a toolchain.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from types import ModuleType
@@ -39,6 +40,7 @@ __all__ = [
     "cpp_select",
     "cpp_expand_and_backup",
     "cpp_mlp_search",
+    "bind_cpp_search",
 ]
 
 # Must equal kTreeOpsVersion in csrc/tree_common.h: an in-place build left over
@@ -269,6 +271,60 @@ def cpp_expand_and_backup(
         prior,
         None if edge_discount is None else edge_discount.float().contiguous(),
     )
+
+
+def bind_cpp_search(tree: Tree, root_rule, interior_rule):
+    """``(select, expand_and_backup)`` bound to ``tree`` and the rules, for a search's simulations.
+
+    ``select() -> (leaf_node, leaf_action)`` is :func:`cpp_select` and
+    ``expand_and_backup(node_index, leaf_node, leaf_action, reward, value,
+    prior, edge_discount=None)`` is :func:`cpp_expand_and_backup`, with the
+    tree's arrays, the rules' names and parameters and ``tree.extra``'s
+    tensors resolved once (a few microseconds per simulation saved). Valid
+    while the tree's tensors are updated in place, as the search loop does.
+    """
+    ops = _require()
+    root_name, root_params = cpp_rule_args(root_rule)
+    interior_name, interior_params = cpp_rule_args(interior_rule)
+    select = functools.partial(
+        ops.select,
+        tree.visit_count,
+        tree.value_sum,
+        tree.children_index,
+        tree.children_prior,
+        tree.children_reward,
+        tree.children_discount,
+        tree.children_logits,
+        tree.raw_value,
+        tree.min_q,
+        tree.max_q,
+        tree.root_legal,
+        root_name,
+        root_params,
+        interior_name,
+        interior_params,
+        _extra(tree, root_rule, interior_rule),
+    )
+    backup = functools.partial(
+        ops.expand_and_backup,
+        tree.visit_count,
+        tree.value_sum,
+        tree.parent,
+        tree.action_from_parent,
+        tree.children_index,
+        tree.children_prior,
+        tree.children_reward,
+        tree.children_discount,
+        tree.min_q,
+        tree.max_q,
+    )
+
+    def expand_and_backup(node_index, leaf_node, leaf_action, reward, value, prior, edge_discount=None):
+        if edge_discount is not None:
+            edge_discount = edge_discount.float().contiguous()
+        backup(int(node_index), leaf_node, leaf_action, reward, value, prior, edge_discount)
+
+    return select, expand_and_backup
 
 
 def cpp_mlp_search(

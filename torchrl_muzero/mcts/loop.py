@@ -105,11 +105,13 @@ def run_search(
         tensor([5, 5, 5])
     """
     use_cpp = cpp_rules_supported(ops, root_rule, interior_rule)
+    if use_cpp:  # the kernel's calls with the tree and the rules bound once
+        cpp_select, cpp_expand_and_backup = _cpp.bind_cpp_search(tree, root_rule, interior_rule)
     rows = torch.arange(tree.batch_size, device=tree.visit_count.device)
     for sim in range(num_simulations):
         n = sim + 1
         if use_cpp:
-            leaf_node, leaf_action = _cpp.cpp_select(tree, root_rule, interior_rule)
+            leaf_node, leaf_action = cpp_select()
         else:
             leaf_node, leaf_action = descend(tree, root_rule, interior_rule)
         out = step(tree.embeddings[rows, leaf_node], leaf_action)
@@ -119,9 +121,8 @@ def run_search(
         tree.raw_value[:, n] = out.value.float()
         prior = torch.softmax(logits, -1)
         if use_cpp:
-            _cpp.cpp_expand_and_backup(
-                tree, n, leaf_node, leaf_action, out.reward.float(), out.value.float(), prior,
-                edge_discount=out.discount,
+            cpp_expand_and_backup(
+                n, leaf_node, leaf_action, out.reward.float(), out.value.float(), prior, out.discount
             )
         else:
             expand_and_backup(
