@@ -65,7 +65,15 @@ class StochasticMuZeroLoss(MuZeroLoss):
         chance_loss_weight (float): weight of ``CE(sigma_k, sg(c_k))``.
             Defaults to 1.0.
         commitment_loss_weight (float): ``beta`` of the commitment term.
-            Defaults to 1.0.
+            Defaults to 1.0. Caveat (measured on a toy, see
+            test/test_stochastic_muzero.py's hidden-coin test): on from the
+            first step, even at 0.01, it drives every sample to one code
+            before the world-model terms have shaped the codes (the
+            majority code's logit grows through the shared weights), and a
+            saturated softmax then passes no gradient; at 0 the codes find
+            the chance outcome, and switched on after they have it is
+            harmless. A trainer may set ``loss.commitment_loss_weight``
+            after a warm-up.
         consistency_loss_weight, latent_grad_scale, policy_loss, projector,
             predictor, projection_dim, projection_hidden_dim,
             prediction_hidden_dim, reduction, check_inputs: as
