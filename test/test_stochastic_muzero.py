@@ -12,7 +12,8 @@ from torchrl_muzero.mcts import MCTSConfig, allocate_tree
 from torchrl_muzero.mcts.search import muzero_search
 from torchrl_muzero.mcts.stochastic import ChanceRule, stochastic_muzero_search, stochastic_search
 from torchrl_muzero.modules import MuZeroModel, StochasticMuZeroMLPModel
-from torchrl_muzero.modules.stochastic import StochasticMuZeroModel
+from torchrl_muzero.modules.stochastic import StochasticMuZeroModel, straight_through_one_hot
+from torchrl_muzero.objectives import StochasticMuZeroLoss
 
 INF = math.inf
 L = 4  # latent width of the fake models
@@ -181,12 +182,8 @@ def test_chance_rule_visits_follow_sigma_deterministically():
             tree.children_index[0, 0, slot] = n
         tree.visit_count[0, tree.children_index[0, 0, slot]] += 1
     assert counts == [2, 1, 1]
-
-
-def test_chance_rule_skips_minus_inf_codes_and_decision_slots():
-    tree = _chance_tree([0.0, 1.0])  # log(0) = -inf: code 0 never selectable
-    for _ in range(3):
-        assert int(ChanceRule(2)(tree, torch.zeros(1, dtype=torch.long), 1)) == 3
+    tree = _chance_tree([0.0, 1.0])  # log(0) = -inf: code 0 is never selectable, nor the decision slots
+    assert [int(rule(tree, node, 1)) for _ in range(3)] == [3, 3, 3]
 
 
 def test_chance_node_in_a_search_visits_codes_by_sigma():
@@ -275,10 +272,34 @@ def test_search_rejects_two_player_cpp_and_bad_roots():
         stochastic_search(model, torch.randn(2, 5), MCTSConfig(num_simulations=2))
 
 
+def test_cpp_and_torch_backends_give_the_same_search():
+    """Where the loaded kernel runs the chance rule (csrc/rules.h), both backends visit alike."""
+    from torchrl_muzero.mcts import _cpp
+    from torchrl_muzero.mcts.loop import cpp_rules_supported
+    from torchrl_muzero.mcts.rules import PUCT
+    from torchrl_muzero.mcts.stochastic import StochasticRule
+
+    ops = _cpp.load_tree_ops()
+    if not cpp_rules_supported(ops, PUCT(), StochasticRule(PUCT(), ChanceRule(3))):
+        with pytest.raises((ValueError, RuntimeError), match="backend='auto'"):
+            stochastic_search(StochasticMuZeroMLPModel((4,), 3, chance_space_size=2), torch.randn(2, 4),
+                              MCTSConfig(num_simulations=2, backend="cpp"))
+        pytest.skip("the loaded C++ kernel does not run Stochastic MuZero's rules")
+    torch.manual_seed(0)
+    model = StochasticMuZeroMLPModel((4,), 3, chance_space_size=4, latent_dim=8, hidden_dim=16,
+                                     zero_init_heads=False)
+    obs = torch.randn(5, 4)
+    out = {}
+    for backend in ("torch", "cpp"):
+        config = MCTSConfig(num_simulations=40, discount=0.95, backend=backend)
+        out[backend] = stochastic_search(model, obs, config, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(out["torch"].visit_counts, out["cpp"].visit_counts)
+    assert torch.equal(out["torch"].tree.children_index, out["cpp"].tree.children_index)
+    torch.testing.assert_close(out["torch"].root_value, out["cpp"].root_value)
+
+
 # --------------------------------------------------------------------------- model
 def test_straight_through_code_is_one_hot_forward_and_softmax_backward():
-    from torchrl_muzero.modules.stochastic import straight_through_one_hot
-
     logits = torch.randn(6, 4, requires_grad=True)
     code, probs = straight_through_one_hot(logits)
     assert torch.equal(code.detach(), nn.functional.one_hot(logits.argmax(-1), 4).float())
@@ -290,8 +311,6 @@ def test_straight_through_code_is_one_hot_forward_and_softmax_backward():
 
 def test_lightzero_commitment_form_has_no_gradient_ours_has():
     """``mse(x, ST(x))`` is flat in x (LightZero); ``||sg(c) - softmax(x)||^2`` is not."""
-    from torchrl_muzero.modules.stochastic import straight_through_one_hot
-
     x = torch.randn(5, 3, requires_grad=True)
     hard = nn.functional.one_hot(x.argmax(-1), 3).float()
     lz = ((x - (hard + x - x.detach())) ** 2).sum()
@@ -334,7 +353,8 @@ def test_search_step_matches_the_training_steps():
     step = model.search_step(mixed, torch.tensor([1, 4, 0]), discount=0.5)
     latent = root.state["latent"]
     afterstate, sigma, q = model.afterstate_inference(latent, torch.tensor([1, 0, 0]))
-    nxt, r, p, v = model.chance_inference(latent, nn.functional.one_hot(torch.tensor([0, 2, 0]), 3).float())  # slot 4 = A + 2
+    codes = nn.functional.one_hot(torch.tensor([0, 2, 0]), 3).float()  # row 1: slot 4 = A + code 2
+    nxt, r, p, v = model.chance_inference(latent, codes)
     for row in (0, 2):  # decision rows
         torch.testing.assert_close(step.state["latent"][row], afterstate[row])
         assert step.policy_logits[row, :2].isinf().all() and torch.equal(step.policy_logits[row, 2:], sigma[row])
@@ -351,8 +371,6 @@ def test_search_step_matches_the_training_steps():
 
 
 # --------------------------------------------------------------------------- loss
-from torchrl_muzero.objectives import StochasticMuZeroLoss  # noqa: E402
-
 B, K, A, C = 6, 3, 2, 3
 
 
@@ -519,32 +537,6 @@ def test_loss_errors_name_the_key():
 
     with pytest.raises(ValueError, match="StochasticMuZeroModel"):
         StochasticMuZeroLoss(MuZeroMLPModel((4,), A))
-
-
-def test_cpp_and_torch_backends_give_the_same_search():
-    """Where the loaded kernel runs the chance rule (csrc/rules.h), both backends visit alike."""
-    from torchrl_muzero.mcts import _cpp
-    from torchrl_muzero.mcts.loop import cpp_rules_supported
-    from torchrl_muzero.mcts.rules import PUCT
-    from torchrl_muzero.mcts.stochastic import StochasticRule
-
-    ops = _cpp.load_tree_ops()
-    if not cpp_rules_supported(ops, PUCT(), StochasticRule(PUCT(), ChanceRule(3))):
-        with pytest.raises((ValueError, RuntimeError), match="backend='auto'"):
-            stochastic_search(StochasticMuZeroMLPModel((4,), 3, chance_space_size=2), torch.randn(2, 4),
-                              MCTSConfig(num_simulations=2, backend="cpp"))
-        pytest.skip("the loaded C++ kernel does not run Stochastic MuZero's rules")
-    torch.manual_seed(0)
-    model = StochasticMuZeroMLPModel((4,), 3, chance_space_size=4, latent_dim=8, hidden_dim=16,
-                                     zero_init_heads=False)
-    obs = torch.randn(5, 4)
-    out = {}
-    for backend in ("torch", "cpp"):
-        config = MCTSConfig(num_simulations=40, discount=0.95, backend=backend)
-        out[backend] = stochastic_search(model, obs, config, generator=torch.Generator().manual_seed(2))
-    assert torch.equal(out["torch"].visit_counts, out["cpp"].visit_counts)
-    assert torch.equal(out["torch"].tree.children_index, out["cpp"].tree.children_index)
-    torch.testing.assert_close(out["torch"].root_value, out["cpp"].root_value)
 
 
 def test_loss_trains_on_a_game_buffer_batch_with_future_observations():
