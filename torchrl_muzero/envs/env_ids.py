@@ -1,10 +1,12 @@
 """Which env ids exist: checked at start without importing torchrl (the scripts' start-up checks)."""
 from __future__ import annotations
 
-__all__ = ["BOARD_GAMES", "is_board_game", "check_env_id"]
+__all__ = ["BOARD_GAMES", "GAMES", "is_board_game", "check_env_id"]
 
 # env.kind == "board": two-player board games, by env.id (torchrl_muzero/envs/tictactoe.py)
 BOARD_GAMES = ("TicTacToe",)
+# env.kind == "game": single-player games implemented here, by env.id (torchrl_muzero/envs/game2048.py)
+GAMES = ("2048",)
 
 
 def is_board_game(env_cfg) -> bool:
@@ -26,6 +28,10 @@ def check_env_id(env_id: str, kind: str | None = None) -> None:
     if kind == "board":
         if env_id not in BOARD_GAMES:
             raise ValueError(f"unknown board game {env_id!r}: the board games are {', '.join(BOARD_GAMES)}.")
+        return
+    if kind == "game":
+        if env_id not in GAMES:
+            raise ValueError(f"unknown game {env_id!r} for env.kind='game': the games are {', '.join(GAMES)}.")
         return
     import gymnasium as gym
 

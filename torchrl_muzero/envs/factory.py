@@ -43,6 +43,10 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
         env = TransformedEnv(TicTacToeEnv(n, random_opening_moves=opening), RewardSum())  # episode_reward: 1 won, 0 drawn
         env.set_seed(seed)
         return env
+    if env_cfg.kind == "game":  # 2048: batched in torch, chance outcomes drawn from its own seeded generator
+        from torchrl_muzero.envs.game2048 import make_game2048_env
+
+        return make_game2048_env(n, seed=seed, max_steps=env_cfg.max_episode_steps or None)
     if env_cfg.kind == "atari":
         from torchrl_muzero.envs.atari import make_atari_env
 
@@ -51,7 +55,7 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
         env = SerialEnv(n, functools.partial(_make_gym, env_cfg.id, env_cfg.max_episode_steps))
         env = TransformedEnv(env, RewardSum())
     else:
-        raise ValueError(f"env.kind must be 'gym', 'atari' or 'board', got {env_cfg.kind!r}.")
+        raise ValueError(f"env.kind must be 'gym', 'atari', 'board' or 'game', got {env_cfg.kind!r}.")
     env.set_seed(seed)
     return env
 

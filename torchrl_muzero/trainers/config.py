@@ -27,7 +27,7 @@ class EnvConfig:
     """Which environment, and how it is batched and preprocessed."""
 
     name: str = "CartPole"
-    kind: str = "gym"  # "gym" (vector observations), "atari", or "board" (two-player: id TicTacToe)
+    kind: str = "gym"  # "gym" (vector observations), "atari", "board" (two-player: id TicTacToe), "game" (id 2048)
     id: str = "CartPole-v1"
     num_envs: int = 8  # envs stepped together by one collector (B roots per search)
     parallel: bool = False  # Atari: one process per game (ParallelEnv) instead of in-process (SerialEnv)
@@ -222,7 +222,7 @@ class TrainConfig:
 
 
 _KNOWN_CHOICES = {
-    "env.kind": ("gym", "atari", "board"),
+    "env.kind": ("gym", "atari", "board", "game"),
     "model.kind": ("mlp", "resnet"),
     "algo.policy_loss": ("cross_entropy", "kl"),
     "mcts.backend": ("auto", "torch", "cpp"),
