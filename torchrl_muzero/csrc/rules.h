@@ -40,14 +40,14 @@ inline const at::Tensor& extra_tensor(const Extra& extra, const char* key,
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-inline bool selectable(const Row& t, int64_t node, int64_t a) {
+TREE_OPS_INLINE bool selectable(const Row& t, int64_t node, int64_t a) {
   if (node == 0 && !t.legal[a]) return false;
   return t.lg[node * t.A + a] > kNegInf;
 }
 
 // Visits of the child on edge `a` of `node` (0 when unexpanded), with the
 // range check that turns a corrupted index into an error.
-inline int32_t expanded_child(const Row& t, int64_t node, int64_t a) {
+TREE_OPS_INLINE int32_t expanded_child(const Row& t, int64_t node, int64_t a) {
   const int32_t child = t.ci[node * t.A + a];
   TORCH_CHECK(child < t.N, "tree_ops.select: children_index ", child,
               " out of range [0, ", t.N, ") in tree ", t.b);
@@ -74,7 +74,8 @@ struct PUCTRule {
       : base(static_cast<float>(s.params[0])),
         init(static_cast<float>(s.params[1])) {}
 
-  int64_t operator()(const Row& t, int64_t node, int64_t /*depth*/) const {
+  TREE_OPS_INLINE int64_t operator()(const Row& t, int64_t node,
+                                     int64_t /*depth*/) const {
     const int64_t A = t.A;
     const float minq = *t.minq;
     const float delta = *t.maxq - minq;
@@ -121,7 +122,8 @@ struct ChanceRule {
   explicit ChanceRule(const RuleSpec& s)
       : num_actions(static_cast<int64_t>(s.params[0])) {}
 
-  int64_t operator()(const Row& t, int64_t node, int64_t /*depth*/) const {
+  TREE_OPS_INLINE int64_t operator()(const Row& t, int64_t node,
+                                     int64_t /*depth*/) const {
     const float* cp = t.cp + node * t.A;
     int64_t best = 0;
     float best_score = kNegInf;
@@ -159,7 +161,8 @@ struct StochasticRule {
     is_chance = flag.data_ptr<bool>();
   }
 
-  int64_t operator()(const Row& t, int64_t node, int64_t depth) const {
+  TREE_OPS_INLINE int64_t operator()(const Row& t, int64_t node,
+                                     int64_t depth) const {
     return is_chance[t.b * N + node] ? chance(t, node, depth)
                                      : decision(t, node, depth);
   }
@@ -168,7 +171,7 @@ struct StochasticRule {
 // The descent of one tree: the root's rule at node 0, the interior rule at
 // every deeper node, until the chosen edge is unexpanded.
 template <class Root, class Interior>
-inline Leaf select_in_tree(const Row& t, const Root& root,
+TREE_OPS_INLINE Leaf select_in_tree(const Row& t, const Root& root,
                            const Interior& interior) {
   int64_t node = 0;
   int64_t action = root(t, 0, 0);
