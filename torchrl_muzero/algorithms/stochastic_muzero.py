@@ -15,20 +15,33 @@ __all__ = ["STOCHASTIC_MUZERO"]
 
 
 def _model(cfg, observation_shape, num_actions: int):
-    from torchrl_muzero.modules.stochastic import StochasticMuZeroMLPModel
-
     m = cfg.model
-    if m.kind != "mlp":
-        raise ValueError(f"algo=stochastic_muzero has an MLP model only (model.kind=mlp), got {m.kind!r}.")
-    return StochasticMuZeroMLPModel(
-        observation_shape,
-        num_actions,
-        chance_space_size=cfg.algo.chance_space_size,
-        latent_dim=m.latent_dim,
-        hidden_dim=m.hidden_dim,
-        value_support_size=m.value_support_size,
-        reward_support_size=m.reward_support_size,
-    )
+    if m.kind == "mlp":
+        from torchrl_muzero.modules.stochastic import StochasticMuZeroMLPModel
+
+        return StochasticMuZeroMLPModel(
+            observation_shape,
+            num_actions,
+            chance_space_size=cfg.algo.chance_space_size,
+            latent_dim=m.latent_dim,
+            hidden_dim=m.hidden_dim,
+            value_support_size=m.value_support_size,
+            reward_support_size=m.reward_support_size,
+        )
+    if m.kind == "resnet":
+        from torchrl_muzero.modules.stochastic_resnet import StochasticMuZeroResNetModel
+
+        return StochasticMuZeroResNetModel(
+            observation_shape,
+            num_actions,
+            chance_space_size=cfg.algo.chance_space_size,
+            channels=m.channels,
+            num_blocks=m.num_blocks,
+            downsample=m.downsample,
+            value_support_size=m.value_support_size,
+            reward_support_size=m.reward_support_size,
+        )
+    raise ValueError(f"algo=stochastic_muzero: model.kind must be 'mlp' or 'resnet', got {m.kind!r}.")
 
 
 def _search(*args, **kwargs):

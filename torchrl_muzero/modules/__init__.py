@@ -10,3 +10,4 @@ from torchrl_muzero.modules.stochastic import StochasticMuZeroModel, StochasticM
 __all__ += ["StochasticMuZeroModel", "StochasticMuZeroMLPModel", "straight_through_one_hot"]
 from torchrl_muzero.modules.efficientzero import EfficientZeroMLPModel, EfficientZeroModel, EfficientZeroResNetModel  # noqa: E402
 __all__ += ["EfficientZeroModel", "EfficientZeroMLPModel", "EfficientZeroResNetModel"]
+from torchrl_muzero.modules.stochastic_resnet import StochasticMuZeroResNetModel; __all__ += ["StochasticMuZeroResNetModel"]  # noqa: E402, E702
