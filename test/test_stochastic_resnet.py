@@ -160,6 +160,52 @@ def test_world_model_terms_alone_reach_the_encoder():
     assert model.chance_encoder[0][0][0].weight.grad.abs().sum() > 0
 
 
+def test_world_model_terms_teach_the_encoder_a_hidden_coin_on_frames():
+    """o_t+1 shows a bright square top-left (coin, p = 0.3) or bottom-right, and the reward is the coin's sign:
+    trained with commitment 0, the encoder's codes agree with the coin and sigma learns 0.3 / 0.7
+    (the image version of test_stochastic_muzero's hidden-coin test; ~50 steps suffice, 150 are run)."""
+    N, obs_shape = 64, (2, 32, 32)
+    gen = torch.Generator().manual_seed(100)
+
+    def coin_batch():
+        coin = torch.rand(N, generator=gen) < 0.3
+        o0, o1 = (100 * torch.rand(N, *obs_shape, generator=gen) for _ in range(2))
+        o1[coin, :, :8, :8] = 255.0
+        o1[~coin, :, -8:, -8:] = 255.0
+        signed = 2 * coin.float() - 1
+        return TensorDict({
+            "observation": torch.stack([o0, o1], 1),
+            "observation_mask": torch.ones(N, 2, dtype=torch.bool),
+            "action": torch.randint(2, (N, 2), generator=gen),
+            "target_reward": torch.stack([torch.zeros(N), signed], 1),
+            "target_value": torch.stack([torch.full((N,), -0.4), signed], 1),
+            "target_policy": torch.full((N, 2, 2), 0.5),
+            "mask": torch.ones(N, 2, dtype=torch.bool), "policy_mask": torch.ones(N, 2, dtype=torch.bool),
+        }, [N, 2]), coin
+
+    torch.manual_seed(0)
+    model = StochasticMuZeroResNetModel(obs_shape, 2, 2, channels=8, value_support_size=3, reward_support_size=3)
+    loss = StochasticMuZeroLoss(model, commitment_loss_weight=0.0)
+    opt = torch.optim.Adam(loss.parameters(), lr=3e-3)
+    for _ in range(150):
+        batch, _ = coin_batch()
+        total = sum(v for k, v in loss(batch).items() if k.startswith("loss_"))
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    model.eval()
+    batch, coin = coin_batch()
+    with torch.no_grad():
+        code, _ = model.encode_chance(batch["observation"][:, 0], batch["observation"][:, 1])
+        picked = code.argmax(-1).bool()
+        agreement = max(float((picked == coin).float().mean()), float((picked != coin).float().mean()))
+        latent, _, _ = model.initial_inference(batch["observation"][:, 0])
+        _, sigma, _ = model.afterstate_inference(latent, batch["action"][:, 0])
+    assert agreement > 0.95
+    sigma = torch.softmax(sigma, -1).mean(0).sort().values
+    torch.testing.assert_close(sigma, torch.tensor([0.3, 0.7]), atol=0.1, rtol=0)
+
+
 def _cfg(overrides):
     return compose_config(CONFIG_DIR, overrides)
 
@@ -178,7 +224,7 @@ def test_tiny_pong_async_end_to_end(tmp_path):
     from torchrl_muzero.trainers.checkpoint import load_checkpoint
 
     cfg = _cfg([
-        "env=Pong", "algo=stochastic_muzero", f"run_dir={tmp_path}", "logger.progress_bar=false",
+        "env=Pong", "algo=stochastic_muzero", f"run_dir={tmp_path}", "logger.progress_bar=false", "logger.log_interval=4",
         "env.num_envs=2", "env.max_episode_steps=40", "env.noop_max=4",
         "model.channels=8", "mcts.num_simulations=3",
         "loss.projection_dim=16", "loss.projection_hidden_dim=16", "loss.prediction_hidden_dim=8",
