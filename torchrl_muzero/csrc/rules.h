@@ -45,8 +45,8 @@ TREE_OPS_INLINE bool selectable(const Row& t, int64_t node, int64_t a) {
   return t.lg[node * t.A + a] > kNegInf;
 }
 
-// Visits of the child on edge `a` of `node` (0 when unexpanded), with the
-// range check that turns a corrupted index into an error.
+// The child on edge `a` of `node` (-1 while unexpanded), with the range
+// check that turns a corrupted index into an error.
 TREE_OPS_INLINE int32_t expanded_child(const Row& t, int64_t node, int64_t a) {
   const int32_t child = t.ci[node * t.A + a];
   TORCH_CHECK(child < t.N, "tree_ops.select: children_index ", child,
@@ -172,7 +172,7 @@ struct StochasticRule {
 // every deeper node, until the chosen edge is unexpanded.
 template <class Root, class Interior>
 TREE_OPS_INLINE Leaf select_in_tree(const Row& t, const Root& root,
-                           const Interior& interior) {
+                                    const Interior& interior) {
   int64_t node = 0;
   int64_t action = root(t, 0, 0);
   // A path visits each node at most once; the bound only turns a corrupted

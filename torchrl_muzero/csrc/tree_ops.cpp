@@ -11,9 +11,13 @@
 // Files:
 //   tree_common.h  argument checks, the per-tree view, expand + backup
 //                  (the backup's float32 contract);
-//   rules.h        the selection rules (pUCT, chance, Gumbel) and the one
-//                  descent select_in_tree<RootRule, InteriorRule>, with each
-//                  rule's float32 contract;
+//   rules.h        pUCT, Stochastic MuZero's chance / stochastic rules and
+//                  the one descent select_in_tree<RootRule, InteriorRule>,
+//                  with each rule's float32 contract;
+//   gumbel_rules.h Gumbel MuZero's root (Sequential Halving) and interior
+//                  rules;
+//   dispatch.h     rule names and parameter counts, with_rules(): from the
+//                  names to the template instantiation;
 //   mlp_net.*      the fused MLP search's network step;
 //   mlp_search.cpp the fused search (reuses select_in_tree and the backup).
 //
