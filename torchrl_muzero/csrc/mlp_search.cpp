@@ -75,34 +75,12 @@ at::Tensor mlp_unroll(const std::vector<at::Tensor>& weights,
 }
 
 
-// The whole search on a fresh tree whose root (node 0: children_prior,
-// children_logits, root_legal, embeddings, raw_value) the caller has filled:
-// simulation s creates node s + 1, for s < N - 1, and writes its latent, raw
-// value, prior logits and prior. Every edge keeps the discount
-// children_discount holds (the network returns none of its own).
-void mlp_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
-                const at::Tensor& parent, const at::Tensor& action_from_parent,
-                const at::Tensor& children_index,
-                const at::Tensor& children_prior,
-                const at::Tensor& children_reward,
-                const at::Tensor& children_discount,
-                const at::Tensor& children_logits, const at::Tensor& raw_value,
-                const at::Tensor& min_q, const at::Tensor& max_q,
-                const at::Tensor& root_legal, const at::Tensor& embeddings,
-                const std::vector<at::Tensor>& weights, double reward_eps,
-                double value_eps, const std::string& root_rule,
-                const std::vector<double>& root_params,
-                const std::string& interior_rule,
-                const std::vector<double>& interior_params,
-                const Extra& extra) {
-  TreeArrays t = check_tree(visit_count, value_sum, children_index,
-                            children_prior, children_reward,
-                            children_discount, min_q, max_q);
-  check_links(t, parent, action_from_parent);
-  check_descent_inputs(t, root_legal, children_logits, raw_value);
+// The simulations of mlp_search on the checked tree `t` (every pointer set).
+void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
+                    const std::vector<at::Tensor>& weights, double reward_eps,
+                    double value_eps, const RuleSpec& root,
+                    const RuleSpec& interior, const Extra& extra) {
   const int64_t B = t.B, N = t.N, A = t.A;
-  const RuleSpec root = parse_rule(root_rule, root_params, true);
-  const RuleSpec interior = parse_rule(interior_rule, interior_params, false);
   const MlpNet& net = pack_mlp(weights, A, reward_eps, value_eps);
   check_tensor(embeddings, "embeddings", at::kFloat, 3);
   check_shape(embeddings, "embeddings", {B, N, net.L});
@@ -149,10 +127,42 @@ void mlp_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
   });
 }
 
+// The whole search on a fresh tree whose root (node 0: children_prior,
+// children_logits, root_legal, embeddings, raw_value) the caller has filled:
+// simulation s creates node s + 1, for s < N - 1, and writes its latent, raw
+// value, prior logits and prior. Every edge keeps the discount
+// children_discount holds (the network returns none of its own).
+void mlp_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
+                const at::Tensor& parent, const at::Tensor& action_from_parent,
+                const at::Tensor& children_index,
+                const at::Tensor& children_prior,
+                const at::Tensor& children_reward,
+                const at::Tensor& children_discount,
+                const at::Tensor& children_logits, const at::Tensor& raw_value,
+                const at::Tensor& min_q, const at::Tensor& max_q,
+                const at::Tensor& root_legal, const at::Tensor& embeddings,
+                const std::vector<at::Tensor>& weights, double reward_eps,
+                double value_eps, const std::string& root_rule,
+                const std::vector<double>& root_params,
+                const std::string& interior_rule,
+                const std::vector<double>& interior_params,
+                const Extra& extra) {
+  TreeArrays t = check_tree(visit_count, value_sum, children_index,
+                            children_prior, children_reward,
+                            children_discount, min_q, max_q);
+  check_links(t, parent, action_from_parent);
+  check_descent_inputs(t, root_legal, children_logits, raw_value);
+  run_mlp_search(t, embeddings, weights, reward_eps, value_eps,
+                 parse_rule(root_rule, root_params, true),
+                 parse_rule(interior_rule, interior_params, false), extra);
+}
+
 // The version-1 signature (pUCT at every node with one set of constants and
 // one discount for every edge), kept for callers that do not pass the rules
-// yet: runs mlp_search on temporary discount / logits / raw-value arrays, so
-// the tree's own children_logits and raw_value stay as the caller left them.
+// yet: the search runs on per-thread discount / logits / raw-value buffers
+// (the discount everywhere, zero logits: every edge selectable but the root's
+// illegal ones), so the tree's own children_logits and raw_value stay as the
+// caller left them. (Torch temporaries cost ~25 us per call at B=1.)
 void mlp_search_puct(const at::Tensor& visit_count, const at::Tensor& value_sum,
                      const at::Tensor& parent,
                      const at::Tensor& action_from_parent,
@@ -164,18 +174,27 @@ void mlp_search_puct(const at::Tensor& visit_count, const at::Tensor& value_sum,
                      const std::vector<at::Tensor>& weights, double reward_eps,
                      double value_eps, double pb_c_base, double pb_c_init,
                      double discount) {
-  check_tensor(children_index, "children_index", at::kInt, 3);
-  check_tensor(visit_count, "visit_count", at::kInt, 2);
-  const auto f32 = children_reward.options();
-  const auto shape = children_index.sizes();
-  const at::Tensor disc = at::full(shape, static_cast<float>(discount), f32);
-  const at::Tensor logits = at::zeros(shape, f32);
-  const at::Tensor raw = at::zeros(visit_count.sizes(), f32);
+  // children_reward stands in for the discount array in the checks (same
+  // dtype and shape); its pointer is replaced below.
+  TreeArrays t = check_tree(visit_count, value_sum, children_index,
+                            children_prior, children_reward, children_reward,
+                            min_q, max_q);
+  check_links(t, parent, action_from_parent);
+  check_tensor(root_legal, "root_legal", at::kBool, 2);
+  check_shape(root_legal, "root_legal", {t.B, t.A});
+  t.legal = root_legal.data_ptr<bool>();
+  thread_local std::vector<float> disc, logits, raw;
+  const size_t edges = static_cast<size_t>(t.B * t.N * t.A);
+  disc.assign(edges, static_cast<float>(discount));
+  logits.assign(edges, 0.0f);
+  raw.assign(static_cast<size_t>(t.B * t.N), 0.0f);
+  t.cd = disc.data();
+  t.lg = logits.data();
+  t.rv = raw.data();
   const std::vector<double> puct{pb_c_base, pb_c_init};
-  mlp_search(visit_count, value_sum, parent, action_from_parent,
-             children_index, children_prior, children_reward, disc, logits,
-             raw, min_q, max_q, root_legal, embeddings, weights, reward_eps,
-             value_eps, "puct", puct, "puct", puct, Extra{});
+  const RuleSpec spec{RuleId::kPuct, puct};
+  run_mlp_search(t, embeddings, weights, reward_eps, value_eps, spec, spec,
+                 Extra{});
 }
 
 }  // namespace
