@@ -16,11 +16,21 @@ __all__ = ["EFFICIENTZERO"]
 
 
 def _model(cfg, observation_shape, num_actions: int):
-    from torchrl_muzero.modules.efficientzero import EfficientZeroMLPModel
+    from torchrl_muzero.modules.efficientzero import EfficientZeroMLPModel, EfficientZeroResNetModel
 
     m = cfg.model
-    if m.kind != "mlp":
-        raise ValueError(f"algo=efficientzero has an MLP model only (model.kind=mlp), got model.kind={m.kind!r}.")
+    if m.kind == "resnet":  # Atari frames
+        return EfficientZeroResNetModel(
+            observation_shape,
+            num_actions,
+            channels=m.channels,
+            num_blocks=m.num_blocks,
+            downsample=m.downsample,
+            value_support_size=m.value_support_size,
+            reward_support_size=m.reward_support_size,
+            lstm_hidden_size=cfg.algo.lstm_hidden_size,
+            lstm_horizon_len=cfg.algo.lstm_horizon_len,
+        )
     return EfficientZeroMLPModel(
         observation_shape,
         num_actions,

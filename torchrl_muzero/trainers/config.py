@@ -69,7 +69,8 @@ class AlgoConfig:
     chance_space_size: int = 4
     afterstate_value_loss_weight: float = 0.25
     chance_loss_weight: float = 1.0
-    commitment_loss_weight: float = 1.0
+    # 0 by default: on from the first update it collapsed the chance codes to one (docs/variants.md)
+    commitment_loss_weight: float = 0.0
 
 
 @dataclass
