@@ -311,10 +311,17 @@ def test_two_player_q_is_from_the_movers_view():
 
 
 @pytest.mark.parametrize("two_player", [False, True])
-def test_mlp_model_cpp_ops_fall_back_to_torch_descent(two_player):
-    """With the kernel (backend cpp / auto) the loop runs the torch descent unless the kernel knows the rules."""
+def test_mlp_model_cpp_rules_match_the_torch_descent(two_player):
+    """The C++ Gumbel rules (backend cpp / auto, the network called from Python) give the torch path's search.
+
+    The fused search (network in C++ too) is left out here: its network rounds
+    differently in the last bits, and with zero-initialised heads every q ties,
+    so min-max rescaling turns those bits into different improved policies
+    (test_fused_gumbel_search_agrees_with_the_loop covers it).
+    """
     torch.manual_seed(5)
     model = MuZeroMLPModel((4,), 4, latent_dim=8, hidden_dim=16)
+    model.fused_search_weights = lambda: None
     obs = torch.randn(6, 4)
     to_play = torch.zeros(6, dtype=torch.long) if two_player else None
     mask = torch.ones(6, 4, dtype=torch.bool)
@@ -330,6 +337,22 @@ def test_mlp_model_cpp_ops_fall_back_to_torch_descent(two_player):
         assert torch.equal(out.search_policy, outs[0].search_policy)
         assert torch.equal(out.root_value, outs[0].root_value)
     assert outs[0].visit_counts.sum(-1).tolist() == [10] * 6
+
+
+@pytest.mark.skipif(not HAVE_CPP, reason="C++ tree kernel not built")
+def test_fused_gumbel_search_agrees_with_the_loop():
+    torch.manual_seed(3)
+    model = MuZeroMLPModel((4,), 4, latent_dim=16, hidden_dim=32, zero_init_heads=False)
+    obs = torch.randn(64, 4)
+    config = GumbelMCTSConfig(num_simulations=16, max_num_considered_actions=4, backend="cpp")
+    fused = gumbel_search(model, obs, config, generator=torch.Generator().manual_seed(9))
+    model.fused_search_weights = lambda: None
+    loop = gumbel_search(model, obs, config, generator=torch.Generator().manual_seed(9))
+    same = (fused.visit_counts == loop.visit_counts).all(-1)
+    assert float(same.float().mean()) >= 0.95  # near-ties may resolve differently in the last bit
+    # sigma scales q by (maxvisit_init + max N) * value_scale: float32 network differences show at ~1e-4
+    assert torch.allclose(fused.search_policy[same], loop.search_policy[same], atol=2e-3)
+    assert fused.visit_counts.sum(-1).eq(16).all()
 
 
 def test_mcts_policy_runs_gumbel_search():

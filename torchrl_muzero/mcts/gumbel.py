@@ -59,10 +59,10 @@ from dataclasses import dataclass
 import torch
 
 from torchrl_muzero.mcts.config import MCTSConfig
-from torchrl_muzero.mcts.loop import run_search, start_tree
+from torchrl_muzero.mcts.loop import start_tree
 from torchrl_muzero.mcts.puct import selectable
 from torchrl_muzero.mcts.qtransform import sigma_and_visits
-from torchrl_muzero.mcts.search import SearchResult, _resolve_backend, check_action_mask
+from torchrl_muzero.mcts.search import SearchResult, check_action_mask, run_rules
 from torchrl_muzero.mcts.seq_halving import considered_visit_table, score_considered
 from torchrl_muzero.mcts.tree import Tree
 from torchrl_muzero.modules.step import ModelStep
@@ -263,8 +263,10 @@ def gumbel_muzero_search(
     sigma(completedQ))`` over the legal actions (the policy target),
     ``action`` the winner, ``visit_counts`` the root visits and
     ``root_value`` the mean return of the simulations (as MuZero's).
-    With the C++ kernel (``ops``) the loop still descends in torch (the
-    Gumbel rules are not C++ yet) and gives the same result.
+    With the C++ kernel the rules run in C++ (``csrc/gumbel_rules.h``), for
+    a one-hidden-layer ``MuZeroMLPModel`` fused with the network; the C++
+    rules use ``std::exp``, so a near-tie may resolve differently from the
+    torch path in the last bit (test/test_cpp_rules.py).
     """
     if not isinstance(config, GumbelMCTSConfig):
         raise TypeError(f"gumbel_muzero_search needs a GumbelMCTSConfig, got {type(config).__name__}.")
@@ -285,9 +287,7 @@ def gumbel_muzero_search(
     tree.extra.update(gumbel=gumbel, num_considered=num_considered, considered_visits=table[num_considered])
 
     rule_args = (config.value_scale, config.maxvisit_init, config.rescale_values)
-    ops = _resolve_backend(config, device)
-    run_search(tree, model.search_step, n, GumbelRootRule(*rule_args), GumbelInteriorRule(*rule_args),
-               discount, ops)
+    run_rules(model, tree, config, GumbelRootRule(*rule_args), GumbelInteriorRule(*rule_args), discount)
     return gumbel_result(tree, config)
 
 

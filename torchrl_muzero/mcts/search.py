@@ -15,13 +15,13 @@ import torch
 
 from torchrl_muzero.mcts import _cpp
 from torchrl_muzero.mcts.config import MCTSConfig
-from torchrl_muzero.mcts.loop import run_search, start_tree
+from torchrl_muzero.mcts.loop import cpp_rules_supported, run_search, start_tree
 from torchrl_muzero.mcts.noise import sample_dirichlet
 from torchrl_muzero.mcts.rules import PUCT
 from torchrl_muzero.mcts.tree import Tree
 from torchrl_muzero.modules.step import ModelStep
 
-__all__ = ["SearchResult", "check_action_mask", "muzero_search", "search", "search_from_root",
+__all__ = ["SearchResult", "check_action_mask", "muzero_search", "run_rules", "search", "search_from_root",
            "select_action", "visit_result"]
 
 
@@ -143,6 +143,24 @@ def search_from_root(
     return muzero_search(model, root, config, action_mask, two_player, add_noise, generator)
 
 
+def run_rules(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float) -> Tree:
+    """Run a prepared tree's simulations on the fastest path for ``config.backend`` and the model.
+
+    The fused C++ search (network included) when the model offers
+    ``fused_search_weights`` and the kernel knows both rules, else the shared
+    loop (:func:`~torchrl_muzero.mcts.loop.run_search`) with the C++ or torch
+    bookkeeping. Every variant policy ends its preparation here.
+    """
+    ops = _resolve_backend(config, tree.visit_count.device)
+    fused = _fused_mlp_weights(model, ops, tree)
+    if fused is not None and cpp_rules_supported(ops, root_rule, interior_rule):
+        # Every simulation in one C++ call (select, network, expand, backup).
+        tensors, reward_eps, value_eps = fused
+        _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule)
+        return tree
+    return run_search(tree, model.search_step, config.num_simulations, root_rule, interior_rule, discount, ops)
+
+
 def muzero_search(
     model,
     root: ModelStep,
@@ -169,20 +187,8 @@ def muzero_search(
             (1 - config.dirichlet_fraction) * tree.children_prior[:, 0] + config.dirichlet_fraction * noise
         )
 
-    ops = _resolve_backend(config, device)
-    fused = _fused_mlp_weights(model, ops, tree)
-    if fused is not None:
-        # Every simulation in one C++ call (select, network, expand, backup). It fills
-        # the arrays pUCT reads; raw_value / children_logits stay as the root left them.
-        tensors, reward_eps, value_eps = fused
-        ops.mlp_search(
-            tree.visit_count, tree.value_sum, tree.parent, tree.action_from_parent, tree.children_index,
-            tree.children_prior, tree.children_reward, tree.min_q, tree.max_q, tree.root_legal,
-            tree.embeddings, tensors, reward_eps, value_eps, config.pb_c_base, config.pb_c_init, discount,
-        )
-    else:
-        rule = PUCT(config.pb_c_base, config.pb_c_init)
-        run_search(tree, model.search_step, config.num_simulations, rule, rule, discount, ops)
+    rule = PUCT(config.pb_c_base, config.pb_c_init)
+    run_rules(model, tree, config, rule, rule, discount)
     return visit_result(tree, config.temperature, generator)
 
 
