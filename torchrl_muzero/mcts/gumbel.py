@@ -62,7 +62,7 @@ from torchrl_muzero.mcts.config import MCTSConfig
 from torchrl_muzero.mcts.loop import start_tree
 from torchrl_muzero.mcts.puct import selectable
 from torchrl_muzero.mcts.qtransform import sigma_and_visits
-from torchrl_muzero.mcts.search import SearchResult, check_action_mask, run_rules
+from torchrl_muzero.mcts.search import SearchResult, check_action_mask, run_rules, search_observations
 from torchrl_muzero.mcts.seq_halving import considered_visit_table, score_considered
 from torchrl_muzero.mcts.tree import Tree
 from torchrl_muzero.modules.step import ModelStep
@@ -344,20 +344,5 @@ def gumbel_search(
         >>> torch.allclose(out.search_policy.sum(-1), torch.ones(2))
         True
     """
-    model.check_observation(observation)
-    if observation.ndim != len(model.observation_shape) + 1:
-        raise ValueError(
-            f"gumbel_search expects observations of shape [B, {', '.join(map(str, model.observation_shape))}], "
-            f"got {tuple(observation.shape)}."
-        )
-    device = next(model.parameters()).device
-    root = model.search_root(observation.to(device))
-    return gumbel_muzero_search(
-        model,
-        root,
-        config,
-        action_mask=None if action_mask is None else action_mask.to(device),
-        two_player=to_play is not None,
-        add_noise=add_noise,
-        generator=generator,
-    )
+    return search_observations(gumbel_muzero_search, "gumbel_search", model, observation, config, action_mask,
+                               to_play, add_noise, generator)

@@ -21,7 +21,7 @@ from torchrl_muzero.mcts.rules import PUCT
 from torchrl_muzero.mcts.tree import Tree
 from torchrl_muzero.modules.step import ModelStep
 
-__all__ = ["SearchResult", "check_action_mask", "muzero_search", "run_rules", "search", "search_from_root",
+__all__ = ["SearchResult", "check_action_mask", "muzero_search", "run_rules", "search", "search_from_root", "search_observations",
            "select_action", "visit_result"]
 
 
@@ -226,15 +226,28 @@ def search(
         >>> out.search_policy.shape, out.root_value.shape
         (torch.Size([3, 2]), torch.Size([3]))
     """
+    return search_observations(muzero_search, "search", model, observation, config, action_mask, to_play,
+                               add_noise, generator)
+
+
+def search_observations(policy, name: str, model, observation, config, action_mask, to_play, add_noise,
+                        generator) -> SearchResult:
+    """What every ``*_search(model, observation, ...)`` shares: check the batch, root inference, the policy.
+
+    ``policy(model, root, config, action_mask=, two_player=, add_noise=, generator=)``
+    is the variant's search from a :class:`~torchrl_muzero.modules.ModelStep` root
+    (:func:`muzero_search`, ``gumbel_muzero_search``, ...); ``name`` is the public
+    function named in the shape error.
+    """
     model.check_observation(observation)
     if observation.ndim != len(model.observation_shape) + 1:
         raise ValueError(
-            f"search expects observations of shape [B, {', '.join(map(str, model.observation_shape))}], "
+            f"{name} expects observations of shape [B, {', '.join(map(str, model.observation_shape))}], "
             f"got {tuple(observation.shape)}."
         )
     device = next(model.parameters()).device
     root = model.search_root(observation.to(device))
-    return muzero_search(
+    return policy(
         model,
         root,
         config,

@@ -40,7 +40,8 @@ from torchrl_muzero.mcts.loop import cpp_rules_supported, run_search, start_tree
 from torchrl_muzero.mcts.noise import sample_dirichlet
 from torchrl_muzero.mcts.puct import selectable
 from torchrl_muzero.mcts.rules import PUCT
-from torchrl_muzero.mcts.search import SearchResult, _resolve_backend, check_action_mask, select_action
+from torchrl_muzero.mcts.search import (SearchResult, _resolve_backend, check_action_mask, search_observations,
+                                        select_action)
 from torchrl_muzero.mcts.tree import Tree
 from torchrl_muzero.modules.step import ModelStep
 
@@ -238,19 +239,5 @@ def stochastic_search(
             "stochastic_search does not support two-player games: got to_play; "
             "Stochastic MuZero's search here is single-agent."
         )
-    model.check_observation(observation)
-    if observation.ndim != len(model.observation_shape) + 1:
-        raise ValueError(
-            f"stochastic_search expects observations of shape "
-            f"[B, {', '.join(map(str, model.observation_shape))}], got {tuple(observation.shape)}."
-        )
-    device = next(model.parameters()).device
-    root = model.search_root(observation.to(device))
-    return stochastic_muzero_search(
-        model,
-        root,
-        config,
-        action_mask=None if action_mask is None else action_mask.to(device),
-        add_noise=add_noise,
-        generator=generator,
-    )
+    return search_observations(stochastic_muzero_search, "stochastic_search", model, observation, config,
+                               action_mask, None, add_noise, generator)
