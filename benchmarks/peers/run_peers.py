@@ -110,17 +110,18 @@ def _our_runs(case: dict, variants: list[str]):
             sto = export_case.canonical_stochastic_model()
             sto_t = {k: torch.from_numpy(v) for k, v in case.items() if k.startswith("sto_") and "_B" in k}
             C = int(case["num_chance"])
-            cfg = MCTSConfig(num_simulations=sims, backend="torch")  # no C++ chance rule yet
+            for backend in (["cpp"] if has_cpp else []) + ["torch"]:
+                cfg = MCTSConfig(num_simulations=sims, backend=backend)  # C++: the chance / pUCT rules, torch model
 
-            @torch.no_grad()
-            def run(B):
-                latent, value = sto_t[f"sto_latent_B{B}"], sto_t[f"sto_value_B{B}"]
-                logits = torch.cat([sto_t[f"sto_policy_logits_B{B}"], torch.full((B, C), -float("inf"))], -1)
-                state = TensorDict({"latent": latent, "is_chance": torch.zeros(B, dtype=torch.bool)}, [B])
-                root = ModelStep(state, torch.zeros_like(value), logits, value)
-                return stochastic_muzero_search(sto, root, cfg, generator=gen).visit_counts
+                @torch.no_grad()
+                def run(B, cfg=cfg):
+                    latent, value = sto_t[f"sto_latent_B{B}"], sto_t[f"sto_value_B{B}"]
+                    logits = torch.cat([sto_t[f"sto_policy_logits_B{B}"], torch.full((B, C), -float("inf"))], -1)
+                    state = TensorDict({"latent": latent, "is_chance": torch.zeros(B, dtype=torch.bool)}, [B])
+                    root = ModelStep(state, torch.zeros_like(value), logits, value)
+                    return stochastic_muzero_search(sto, root, cfg, generator=gen).visit_counts
 
-            runs[("ours-torch", "stochastic_muzero")] = run
+                runs[("ours-cpp-loop" if backend == "cpp" else "ours-torch", "stochastic_muzero")] = run
 
     if "efficientzero" in variants and "lstm_hidden_size" in case:
         try:
