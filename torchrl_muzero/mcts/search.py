@@ -158,7 +158,32 @@ def run_rules(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, d
         tensors, reward_eps, value_eps = fused
         _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule)
         return tree
-    return run_search(tree, model.search_step, config.num_simulations, root_rule, interior_rule, discount, ops)
+    return run_search(tree, step_of(model), config.num_simulations, root_rule, interior_rule, discount, ops)
+
+
+def step_of(model):
+    """``model.search_step``; for a duck-typed model without it (only ``recurrent_inference_scalar``,
+    as before the search took a :class:`~torchrl_muzero.modules.ModelStep`), a wrapper of that."""
+    step = getattr(model, "search_step", None)
+    if step is not None:
+        return step
+
+    def legacy_step(state, action):
+        next_latent, reward, policy_logits, value = model.recurrent_inference_scalar(state, action)
+        return ModelStep(next_latent, reward, policy_logits, value)
+
+    return legacy_step
+
+
+def root_of(model, observation: torch.Tensor) -> ModelStep:
+    """``model.search_root(observation)``; for a duck-typed model, ``initial_inference``'s latent and
+    logits (its value output is not decoded: MuZero's search does not read the root's raw value)."""
+    root = getattr(model, "search_root", None)
+    if root is not None:
+        return root(observation)
+    latent, policy_logits, _ = model.initial_inference(observation)
+    zeros = torch.zeros(policy_logits.shape[0], device=policy_logits.device)
+    return ModelStep(latent, zeros, policy_logits, zeros)
 
 
 def muzero_search(
@@ -246,7 +271,7 @@ def search_observations(policy, name: str, model, observation, config, action_ma
             f"got {tuple(observation.shape)}."
         )
     device = next(model.parameters()).device
-    root = model.search_root(observation.to(device))
+    root = root_of(model, observation.to(device))
     return policy(
         model,
         root,
