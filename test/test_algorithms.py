@@ -112,7 +112,7 @@ def _script(name: str, algo: str, run_dir: Path, *args: str) -> list[str]:
 @pytest.mark.parametrize("name", VARIANTS)
 def test_both_scripts_run_the_algorithm_and_stop_cleanly(tmp_path, name):
     sync_dir = tmp_path / "sync"
-    proc = subprocess.run(_script("muzero_sync.py", name, sync_dir, "train.total_env_steps=384", "eval.interval=8"),
+    proc = subprocess.run(_script("muzero_sync.py", name, sync_dir, "train.total_env_steps=384", "eval.interval=40"),
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = json.loads((sync_dir / "summary.json").read_text())
