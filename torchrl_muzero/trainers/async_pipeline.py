@@ -214,7 +214,7 @@ class AsyncTrainer(TrainerBase):
 
         control = SharedControl(2)
         control[_LEARNER_ITER] = self.learner.train_iter
-        control[_TEMPERATURE] = temperature_at(cfg, self.env_steps / cfg.train.total_env_steps)
+        control[_TEMPERATURE] = temperature_at(cfg, self.env_steps / max(cfg.train.total_env_steps, 1))
         self.control = control
         probe = make_env(cfg.env, num_envs=1, seed=cfg.seed)
         action_spec = probe.action_spec[0] if len(probe.batch_size) else probe.action_spec
@@ -352,7 +352,7 @@ class AsyncTrainer(TrainerBase):
         self.metrics.log(self.env_steps, values)
         if self.train_budget_ready():
             budgets.append(frames * self.cfg.train.replay_ratio)
-        self.control[_TEMPERATURE] = temperature_at(self.cfg, self.env_steps / self.cfg.train.total_env_steps)
+        self.control[_TEMPERATURE] = temperature_at(self.cfg, self.env_steps / max(self.cfg.train.total_env_steps, 1))
 
     def _mean_lag(self) -> float:
         return self.lag_sum / max(self.lag_frames, 1)

@@ -66,7 +66,7 @@ class SyncTrainer(TrainerBase):
                     if self.learner.train_iter >= next_eval:
                         self._evaluate()
                         next_eval = self.learner.train_iter + cfg.eval.interval
-            self.policy.config.temperature = temperature_at(cfg, self.env_steps / cfg.train.total_env_steps)
+            self.policy.config.temperature = temperature_at(cfg, self.env_steps / max(cfg.train.total_env_steps, 1))
             self.metrics.progress(self.env_steps, self.learner.train_iter, lag=0.0)
             if self.should_stop():
                 break
