@@ -210,9 +210,14 @@ def cpp_select(tree: Tree, root_rule, interior_rule) -> tuple[torch.Tensor, torc
         >>> cpp_select(tree, PUCT(), PUCT())[1]  # doctest: +SKIP
         tensor([1, 2])
     """
+    return _require().select(*_select_arguments(tree, root_rule, interior_rule))
+
+
+def _select_arguments(tree: Tree, root_rule, interior_rule) -> tuple:
+    """The kernel ``select``'s arguments: the tree arrays, both rules by name and params, the rules' extras."""
     root_name, root_params = cpp_rule_args(root_rule)
     interior_name, interior_params = cpp_rule_args(interior_rule)
-    return _require().select(
+    return (
         tree.visit_count,
         tree.value_sum,
         tree.children_index,
@@ -284,27 +289,7 @@ def bind_cpp_search(tree: Tree, root_rule, interior_rule):
     while the tree's tensors are updated in place, as the search loop does.
     """
     ops = _require()
-    root_name, root_params = cpp_rule_args(root_rule)
-    interior_name, interior_params = cpp_rule_args(interior_rule)
-    select = functools.partial(
-        ops.select,
-        tree.visit_count,
-        tree.value_sum,
-        tree.children_index,
-        tree.children_prior,
-        tree.children_reward,
-        tree.children_discount,
-        tree.children_logits,
-        tree.raw_value,
-        tree.min_q,
-        tree.max_q,
-        tree.root_legal,
-        root_name,
-        root_params,
-        interior_name,
-        interior_params,
-        _extra(tree, root_rule, interior_rule),
-    )
+    select = functools.partial(ops.select, *_select_arguments(tree, root_rule, interior_rule))
     backup = functools.partial(
         ops.expand_and_backup,
         tree.visit_count,
