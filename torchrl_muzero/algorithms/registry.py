@@ -97,9 +97,12 @@ def _load_all() -> None:
 
 
 def algorithm_names() -> list[str]:
-    """The registered names, in registration order (``muzero`` first)."""
+    """The registered names: the family's in this package's order (``muzero`` first), then any a user
+    registered, in registration order (not import order: importing one variant module first must not
+    reorder the listing)."""
     _load_all()
-    return list(_REGISTRY)
+    builtin = [name for name in _MODULES if name in _REGISTRY]
+    return builtin + [name for name in _REGISTRY if name not in builtin]
 
 
 def get_algorithm(name: str) -> Algorithm:
@@ -118,9 +121,8 @@ def get_algorithm(name: str) -> Algorithm:
     if name not in _REGISTRY:
         from torchrl_muzero.trainers.config import ConfigError
 
-        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
+        known = algorithm_names()
+        close = difflib.get_close_matches(str(name), known, n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(
-            f"config key 'algo.name' is {name!r}.{hint} Known algorithms: {', '.join(_REGISTRY)}."
-        )
+        raise ConfigError(f"config key 'algo.name' is {name!r}.{hint} Known algorithms: {', '.join(known)}.")
     return _REGISTRY[name]
