@@ -9,7 +9,8 @@ LightZero: docs/variants.md says why).
 """
 from __future__ import annotations
 
-from torchrl_muzero.algorithms.muzero import loss_kwargs, muzero_search_config
+from torchrl_muzero.algorithms.muzero import (loss_kwargs, mlp_kwargs, muzero_search_config, muzero_search_fn,
+                                             resnet_kwargs)
 from torchrl_muzero.algorithms.registry import Algorithm, register
 
 __all__ = ["EFFICIENTZERO"]
@@ -18,37 +19,10 @@ __all__ = ["EFFICIENTZERO"]
 def _model(cfg, observation_shape, num_actions: int):
     from torchrl_muzero.modules.efficientzero import EfficientZeroMLPModel, EfficientZeroResNetModel
 
-    m = cfg.model
-    if m.kind == "resnet":  # Atari frames
-        return EfficientZeroResNetModel(
-            observation_shape,
-            num_actions,
-            channels=m.channels,
-            num_blocks=m.num_blocks,
-            downsample=m.downsample,
-            value_support_size=m.value_support_size,
-            reward_support_size=m.reward_support_size,
-            lstm_hidden_size=cfg.algo.lstm_hidden_size,
-            lstm_horizon_len=cfg.algo.lstm_horizon_len,
-        )
-    return EfficientZeroMLPModel(
-        observation_shape,
-        num_actions,
-        latent_dim=m.latent_dim,
-        hidden_dim=m.hidden_dim,
-        num_layers=m.num_layers,
-        value_support_size=m.value_support_size,
-        reward_support_size=m.reward_support_size,
-        lstm_hidden_size=cfg.algo.lstm_hidden_size,
-        lstm_horizon_len=cfg.algo.lstm_horizon_len,
-    )
-
-
-def _search(*args, **kwargs):
-    # MuZero's policy: the value-prefix arithmetic is inside the model's search step
-    from torchrl_muzero.mcts import search
-
-    return search(*args, **kwargs)
+    lstm = dict(lstm_hidden_size=cfg.algo.lstm_hidden_size, lstm_horizon_len=cfg.algo.lstm_horizon_len)
+    if cfg.model.kind == "resnet":  # Atari frames
+        return EfficientZeroResNetModel(observation_shape, num_actions, **resnet_kwargs(cfg), **lstm)
+    return EfficientZeroMLPModel(observation_shape, num_actions, **mlp_kwargs(cfg), **lstm)
 
 
 def _loss(cfg, model):
@@ -73,7 +47,7 @@ EFFICIENTZERO = register(
     Algorithm(
         name="efficientzero",
         build_model=_model,
-        search_fn=_search,
+        search_fn=muzero_search_fn,  # the value-prefix arithmetic is inside the model's search step
         search_config=muzero_search_config,
         build_loss=_loss,
         target_builders=_targets,

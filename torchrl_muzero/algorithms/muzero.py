@@ -9,37 +9,35 @@ from __future__ import annotations
 
 from torchrl_muzero.algorithms.registry import Algorithm, register
 
-__all__ = ["muzero_model", "muzero_search_config", "muzero_loss", "MUZERO"]
+__all__ = ["mlp_kwargs", "resnet_kwargs", "muzero_model", "muzero_search_fn", "muzero_search_config",
+           "muzero_loss", "MUZERO"]
+
+
+def mlp_kwargs(cfg) -> dict:
+    """The ``model.*`` settings of the MLP networks (every algorithm's MLP model takes them)."""
+    m = cfg.model
+    return dict(latent_dim=m.latent_dim, hidden_dim=m.hidden_dim, num_layers=m.num_layers,
+                value_support_size=m.value_support_size, reward_support_size=m.reward_support_size)
+
+
+def resnet_kwargs(cfg) -> dict:
+    """The ``model.*`` settings of the ResNet networks (Atari frames)."""
+    m = cfg.model
+    return dict(channels=m.channels, num_blocks=m.num_blocks, downsample=m.downsample,
+                value_support_size=m.value_support_size, reward_support_size=m.reward_support_size)
 
 
 def muzero_model(cfg, observation_shape, num_actions: int):
     """The network ``model.kind`` names (``mlp`` or ``resnet``) for the env's shapes."""
     from torchrl_muzero.modules import MuZeroMLPModel
 
-    m = cfg.model
-    if m.kind == "mlp":
-        return MuZeroMLPModel(
-            observation_shape,
-            num_actions,
-            latent_dim=m.latent_dim,
-            hidden_dim=m.hidden_dim,
-            num_layers=m.num_layers,
-            value_support_size=m.value_support_size,
-            reward_support_size=m.reward_support_size,
-        )
-    if m.kind == "resnet":
+    if cfg.model.kind == "mlp":
+        return MuZeroMLPModel(observation_shape, num_actions, **mlp_kwargs(cfg))
+    if cfg.model.kind == "resnet":
         from torchrl_muzero.modules import MuZeroResNetModel
 
-        return MuZeroResNetModel(
-            observation_shape,
-            num_actions,
-            channels=m.channels,
-            num_blocks=m.num_blocks,
-            downsample=m.downsample,
-            value_support_size=m.value_support_size,
-            reward_support_size=m.reward_support_size,
-        )
-    raise ValueError(f"model.kind must be 'mlp' or 'resnet', got {m.kind!r}.")
+        return MuZeroResNetModel(observation_shape, num_actions, **resnet_kwargs(cfg))
+    raise ValueError(f"model.kind must be 'mlp' or 'resnet', got {cfg.model.kind!r}.")
 
 
 def mcts_kwargs(cfg) -> dict:
@@ -83,7 +81,8 @@ def muzero_loss(cfg, model):
     return MuZeroLoss(model, **loss_kwargs(cfg))
 
 
-def _search(*args, **kwargs):
+def muzero_search_fn(*args, **kwargs):
+    """:func:`torchrl_muzero.mcts.search`, imported on first use (the registry loads without torch)."""
     from torchrl_muzero.mcts import search
 
     return search(*args, **kwargs)
@@ -97,7 +96,7 @@ MUZERO = register(
     Algorithm(
         name="muzero",
         build_model=muzero_model,
-        search_fn=_search,
+        search_fn=muzero_search_fn,
         search_config=muzero_search_config,
         build_loss=muzero_loss,
         needs_future_observations=_consistency,

@@ -8,40 +8,23 @@ tree (``A + algo.chance_space_size`` edge slots).
 """
 from __future__ import annotations
 
-from torchrl_muzero.algorithms.muzero import loss_kwargs, muzero_search_config
+from torchrl_muzero.algorithms.muzero import loss_kwargs, mlp_kwargs, muzero_search_config, resnet_kwargs
 from torchrl_muzero.algorithms.registry import Algorithm, register
 
 __all__ = ["STOCHASTIC_MUZERO"]
 
 
 def _model(cfg, observation_shape, num_actions: int):
-    m = cfg.model
-    if m.kind == "mlp":
+    chance = dict(chance_space_size=cfg.algo.chance_space_size)
+    if cfg.model.kind == "mlp":
         from torchrl_muzero.modules.stochastic import StochasticMuZeroMLPModel
 
-        return StochasticMuZeroMLPModel(
-            observation_shape,
-            num_actions,
-            chance_space_size=cfg.algo.chance_space_size,
-            latent_dim=m.latent_dim,
-            hidden_dim=m.hidden_dim,
-            value_support_size=m.value_support_size,
-            reward_support_size=m.reward_support_size,
-        )
-    if m.kind == "resnet":
+        return StochasticMuZeroMLPModel(observation_shape, num_actions, **chance, **mlp_kwargs(cfg))
+    if cfg.model.kind == "resnet":
         from torchrl_muzero.modules.stochastic_resnet import StochasticMuZeroResNetModel
 
-        return StochasticMuZeroResNetModel(
-            observation_shape,
-            num_actions,
-            chance_space_size=cfg.algo.chance_space_size,
-            channels=m.channels,
-            num_blocks=m.num_blocks,
-            downsample=m.downsample,
-            value_support_size=m.value_support_size,
-            reward_support_size=m.reward_support_size,
-        )
-    raise ValueError(f"algo=stochastic_muzero: model.kind must be 'mlp' or 'resnet', got {m.kind!r}.")
+        return StochasticMuZeroResNetModel(observation_shape, num_actions, **chance, **resnet_kwargs(cfg))
+    raise ValueError(f"algo=stochastic_muzero: model.kind must be 'mlp' or 'resnet', got {cfg.model.kind!r}.")
 
 
 def _search(*args, **kwargs):
