@@ -237,6 +237,22 @@ def _select_arguments(tree: Tree, root_rule, interior_rule) -> tuple:
     )
 
 
+def _backup_arrays(tree: Tree) -> tuple:
+    """The tree arrays the kernel's ``expand_and_backup`` updates, in its argument order."""
+    return (
+        tree.visit_count,
+        tree.value_sum,
+        tree.parent,
+        tree.action_from_parent,
+        tree.children_index,
+        tree.children_prior,
+        tree.children_reward,
+        tree.children_discount,
+        tree.min_q,
+        tree.max_q,
+    )
+
+
 def cpp_expand_and_backup(
     tree: Tree,
     node_index: int,
@@ -258,16 +274,7 @@ def cpp_expand_and_backup(
     the new node's state, logits and raw value are the caller's to write.
     """
     _require().expand_and_backup(
-        tree.visit_count,
-        tree.value_sum,
-        tree.parent,
-        tree.action_from_parent,
-        tree.children_index,
-        tree.children_prior,
-        tree.children_reward,
-        tree.children_discount,
-        tree.min_q,
-        tree.max_q,
+        *_backup_arrays(tree),
         int(node_index),
         leaf_node,
         leaf_action,
@@ -290,19 +297,7 @@ def bind_cpp_search(tree: Tree, root_rule, interior_rule):
     """
     ops = _require()
     select = functools.partial(ops.select, *_select_arguments(tree, root_rule, interior_rule))
-    backup = functools.partial(
-        ops.expand_and_backup,
-        tree.visit_count,
-        tree.value_sum,
-        tree.parent,
-        tree.action_from_parent,
-        tree.children_index,
-        tree.children_prior,
-        tree.children_reward,
-        tree.children_discount,
-        tree.min_q,
-        tree.max_q,
-    )
+    backup = functools.partial(ops.expand_and_backup, *_backup_arrays(tree))
 
     def expand_and_backup(node_index, leaf_node, leaf_action, reward, value, prior, edge_discount=None):
         if edge_discount is not None:
