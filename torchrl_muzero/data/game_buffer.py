@@ -38,7 +38,8 @@ This file is the buffer's public face and the orchestration of
 ``extend`` / ``sample`` / ``update_priority``. The pieces live next to it:
 :mod:`~torchrl_muzero.data.storage_rows` (row kinds, links, eviction, the
 priority tree), :mod:`~torchrl_muzero.data.rollout_reader` (reading
-rollouts, the stored payload), :mod:`~torchrl_muzero.data.reanalyze` (fresh
+rollouts, the stored payload), :mod:`~torchrl_muzero.data.sample_batch` (a
+sample's targets from its roots), :mod:`~torchrl_muzero.data.reanalyze` (fresh
 policy / value targets from the current models),
 :mod:`~torchrl_muzero.data.off_policy_correction`,
 :mod:`~torchrl_muzero.data.target_builders` and
@@ -56,13 +57,12 @@ from torchrl.data import LazyTensorStorage
 
 from torchrl_muzero.data import buffer_state
 from torchrl_muzero.data.frames import FrameStack
-from torchrl_muzero.data.off_policy_correction import corrected_td_steps, shorten_horizon
 from torchrl_muzero.data.priority import PriorityTree
-from torchrl_muzero.data.reanalyze import ReanalyzeSearch, bootstrap_values, muzero_reanalyze, reanalyze_policies
+from torchrl_muzero.data.reanalyze import ReanalyzeSearch, muzero_reanalyze
 from torchrl_muzero.data.rollout_reader import RowSpec, check_continuations, episode_starts, read_rollout
 from torchrl_muzero.data.storage_rows import STEP, RowTable
-from torchrl_muzero.data.target_builders import MUZERO_SAMPLE_KEYS, TargetBuilder, TargetContext, check_target_builders
-from torchrl_muzero.data.targets import plan_value_targets, reward_targets, value_targets
+from torchrl_muzero.data.sample_batch import assemble_batch
+from torchrl_muzero.data.target_builders import MUZERO_SAMPLE_KEYS, TargetBuilder, check_target_builders
 
 __all__ = ["GameBuffer"]
 
@@ -499,10 +499,7 @@ class GameBuffer:
             raise ValueError(
                 f"reanalyze_ratio={self.reanalyze_ratio} needs a model: pass model= to GameBuffer or to sample()."
             )
-        B, K, n, A = batch_size, self.num_unroll_steps, self.td_steps, self._spec.num_actions
-        g = self._generator
-
-        roots = self._tree.sample(B, generator=g)
+        roots = self._tree.sample(batch_size, generator=self._generator)
         prio = self._tree[roots]
         beta = self.current_beta
         # Normalised by the batch's own smallest priority (as LightZero does), not the
@@ -512,106 +509,8 @@ class GameBuffer:
         weight = (prio / prio.min()).pow(-beta).float()
         self._num_samples += 1
 
-        J = K + n + 1
-        slots, exists, terminal, is_step = self._rows.walk(roots, J)
-        steps = self._step_store.get(slots.reshape(-1)).reshape(B, J)
-        plan = plan_value_targets(exists, terminal, K, n)
-        if self.off_policy_correction:  # older roots bootstrap sooner (EfficientZero)
-            horizon = corrected_td_steps(steps["policy_version"][:, 0].cpu(), policy_version, n, self.correction_age_scale)
-            plan = shorten_horizon(plan, terminal, horizon)
-        zero = torch.zeros(())
-        rewards = torch.where(is_step, steps["reward"].cpu(), zero)
-        step_k = is_step[:, : K + 1]
-        head = steps[:, : K + 1]
-
-        # observations needed: roots (+ future), bootstrap states, reanalyze roots; rebuilt once each
-        end_slots = slots.gather(1, plan.end)
-        need_boot = plan.bootstrap
-        requests = [roots]
-        if self.with_future_observations and K > 0:
-            future_ok = (exists[:, 1 : K + 1] | plan.absorbing[:, 1:])
-            requests.append(slots[:, 1 : K + 1][future_ok])
-        use_model_value = target_model is not None
-        if use_model_value:
-            requests.append(end_slots[need_boot])
-        re_pos = None
-        if n_re > 0:
-            re_pos = step_k.clone()
-            re_pos[n_re:] = False
-            requests.append(slots[:, : K + 1][re_pos])
-        unique, inverse = torch.unique(torch.cat(requests), return_inverse=True)
-        obs_unique = self._observations(unique)
-        pieces = list(torch.split(inverse, [r.numel() for r in requests]))
-
-        out_device = self.device if self.device is not None else self.storage_device
-        obs = torch.zeros((B, K + 1, *self._spec.obs_shape), dtype=self._spec.obs_dtype, device=out_device)
-        obs[:, 0] = obs_unique[pieces.pop(0)].to(out_device)
-        obs_mask = torch.zeros(B, K + 1, dtype=torch.bool)
-        obs_mask[:, 0] = True
-        if self.with_future_observations and K > 0:
-            idx = pieces.pop(0)
-            fut = obs[:, 1:]
-            fut[future_ok.to(out_device)] = obs_unique[idx].to(out_device)
-            obs_mask[:, 1:] = future_ok
-
-        # value targets
-        if use_model_value:
-            idx = pieces.pop(0)
-            boot_values = torch.zeros(B, K + 1)
-            if idx.numel():
-                boot_values[need_boot] = bootstrap_values(target_model, obs_unique[idx], self.device)
-        else:
-            stored = steps["root_value"].cpu().gather(1, plan.end)
-            boot_values = torch.where(is_step.gather(1, plan.end), stored, zero)
-        target_value = value_targets(rewards, plan, boot_values, self.discount, n, self.two_player)
-        target_reward = reward_targets(rewards, plan)
-
-        # policy targets
-        target_policy = torch.where(step_k.unsqueeze(-1), head["search_policy"].cpu(), zero)
-        if re_pos is not None and bool(re_pos.any()):
-            idx = pieces.pop(0)
-            mask = head["action_mask"].cpu()[re_pos] if self._spec.has_action_mask else None
-            to_play = None
-            if self.two_player:  # the search plays both sides when it gets players to move
-                to_play = (
-                    head["to_play"].cpu()[re_pos] if self._spec.has_to_play
-                    else torch.zeros(int(re_pos.sum()), dtype=torch.long)
-                )
-            target_policy[re_pos] = reanalyze_policies(
-                self._reanalyze_search(), model, obs_unique[idx], mask, to_play, add_noise=self.reanalyze_noise,
-                generator=self._generator, num_actions=A, device=self.device,
-            )
-
-        random_actions = torch.randint(A, (B, K + 1), generator=g)
-        action = torch.where(step_k, head["action"].cpu(), random_actions)
-        mask = plan.inside | plan.absorbing
-        stamp = self._rows.write_time[roots]
-        expand = lambda x: x.unsqueeze(1).expand(B, K + 1).contiguous()  # noqa: E731
-        out = TensorDict(
-            {
-                "observation": obs,
-                "observation_mask": obs_mask,
-                "action": action,
-                "target_reward": target_reward,
-                "target_value": target_value,
-                "target_policy": target_policy,
-                "mask": mask,
-                "policy_mask": step_k.clone(),
-                "weight": expand(weight),
-                "index": expand(roots),
-                "stamp": expand(stamp),
-                "policy_version": expand(head["policy_version"][:, 0].cpu()),
-            },
-            batch_size=[B, K + 1],
-        )
-        if self.target_builders:
-            context = TargetContext(K, n, self.discount, self.two_player, rewards, plan)
-            for builder in self.target_builders:
-                builder.build(out, context)
-                missing = [key for key in builder.out_keys if key not in out.keys()]
-                if missing:
-                    raise RuntimeError(f"{builder!r} did not write its out_keys {missing}.")
-        return out.to(out_device)
+        return assemble_batch(self, roots, weight, model=model, target_model=target_model, num_reanalyze=n_re,
+                              policy_version=policy_version)
 
     def _reanalyze_search(self) -> ReanalyzeSearch:
         if self.reanalyze_search is not None:

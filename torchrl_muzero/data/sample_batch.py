@@ -1,0 +1,148 @@
+"""Turning sampled roots into a learner batch: the MuZero targets, reanalyze, the target builders.
+
+:meth:`GameBuffer.sample <torchrl_muzero.data.GameBuffer.sample>` draws the
+roots and their importance weights; :func:`assemble_batch` walks each root's
+``K + n + 1`` rows, rebuilds every observation it needs once (roots, future
+observations, bootstrap states and reanalyze roots share one de-duplicated
+request), computes the value / reward / policy targets and lets the buffer's
+target builders add their entries. It reads the buffer's state and changes
+nothing but the buffer's generator; it lives apart from ``game_buffer.py``
+because it is the one long piece of the sampling path.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDict
+
+from torchrl_muzero.data.off_policy_correction import corrected_td_steps, shorten_horizon
+from torchrl_muzero.data.reanalyze import bootstrap_values, reanalyze_policies
+from torchrl_muzero.data.target_builders import TargetContext
+from torchrl_muzero.data.targets import plan_value_targets, reward_targets, value_targets
+
+if TYPE_CHECKING:
+    from torchrl_muzero.data.game_buffer import GameBuffer
+
+__all__ = ["assemble_batch"]
+
+
+def assemble_batch(
+    buffer: GameBuffer,
+    roots: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    model: Any,
+    target_model: Any,
+    num_reanalyze: int,
+    policy_version: int | None,
+) -> TensorDict:
+    """The batch of :meth:`GameBuffer.sample` for the drawn ``roots`` ``[B]`` (see its docstring).
+
+    ``target_model`` is the resolved bootstrap model (``None``: the stored
+    search values); the first ``num_reanalyze`` samples get reanalyzed policy
+    targets from ``model``.
+    """
+    B, K, n, A = roots.numel(), buffer.num_unroll_steps, buffer.td_steps, buffer._spec.num_actions
+    g = buffer._generator
+    n_re = num_reanalyze
+    J = K + n + 1
+    slots, exists, terminal, is_step = buffer._rows.walk(roots, J)
+    steps = buffer._step_store.get(slots.reshape(-1)).reshape(B, J)
+    plan = plan_value_targets(exists, terminal, K, n)
+    if buffer.off_policy_correction:  # older roots bootstrap sooner (EfficientZero)
+        horizon = corrected_td_steps(steps["policy_version"][:, 0].cpu(), policy_version, n, buffer.correction_age_scale)
+        plan = shorten_horizon(plan, terminal, horizon)
+    zero = torch.zeros(())
+    rewards = torch.where(is_step, steps["reward"].cpu(), zero)
+    step_k = is_step[:, : K + 1]
+    head = steps[:, : K + 1]
+
+    # observations needed: roots (+ future), bootstrap states, reanalyze roots; rebuilt once each
+    end_slots = slots.gather(1, plan.end)
+    need_boot = plan.bootstrap
+    requests = [roots]
+    if buffer.with_future_observations and K > 0:
+        future_ok = (exists[:, 1 : K + 1] | plan.absorbing[:, 1:])
+        requests.append(slots[:, 1 : K + 1][future_ok])
+    use_model_value = target_model is not None
+    if use_model_value:
+        requests.append(end_slots[need_boot])
+    re_pos = None
+    if n_re > 0:
+        re_pos = step_k.clone()
+        re_pos[n_re:] = False
+        requests.append(slots[:, : K + 1][re_pos])
+    unique, inverse = torch.unique(torch.cat(requests), return_inverse=True)
+    obs_unique = buffer._observations(unique)
+    pieces = list(torch.split(inverse, [r.numel() for r in requests]))
+
+    out_device = buffer.device if buffer.device is not None else buffer.storage_device
+    obs = torch.zeros((B, K + 1, *buffer._spec.obs_shape), dtype=buffer._spec.obs_dtype, device=out_device)
+    obs[:, 0] = obs_unique[pieces.pop(0)].to(out_device)
+    obs_mask = torch.zeros(B, K + 1, dtype=torch.bool)
+    obs_mask[:, 0] = True
+    if buffer.with_future_observations and K > 0:
+        idx = pieces.pop(0)
+        fut = obs[:, 1:]
+        fut[future_ok.to(out_device)] = obs_unique[idx].to(out_device)
+        obs_mask[:, 1:] = future_ok
+
+    # value targets
+    if use_model_value:
+        idx = pieces.pop(0)
+        boot_values = torch.zeros(B, K + 1)
+        if idx.numel():
+            boot_values[need_boot] = bootstrap_values(target_model, obs_unique[idx], buffer.device)
+    else:
+        stored = steps["root_value"].cpu().gather(1, plan.end)
+        boot_values = torch.where(is_step.gather(1, plan.end), stored, zero)
+    target_value = value_targets(rewards, plan, boot_values, buffer.discount, n, buffer.two_player)
+    target_reward = reward_targets(rewards, plan)
+
+    # policy targets
+    target_policy = torch.where(step_k.unsqueeze(-1), head["search_policy"].cpu(), zero)
+    if re_pos is not None and bool(re_pos.any()):
+        idx = pieces.pop(0)
+        mask = head["action_mask"].cpu()[re_pos] if buffer._spec.has_action_mask else None
+        to_play = None
+        if buffer.two_player:  # the search plays both sides when it gets players to move
+            to_play = (
+                head["to_play"].cpu()[re_pos] if buffer._spec.has_to_play
+                else torch.zeros(int(re_pos.sum()), dtype=torch.long)
+            )
+        target_policy[re_pos] = reanalyze_policies(
+            buffer._reanalyze_search(), model, obs_unique[idx], mask, to_play, add_noise=buffer.reanalyze_noise,
+            generator=buffer._generator, num_actions=A, device=buffer.device,
+        )
+
+    random_actions = torch.randint(A, (B, K + 1), generator=g)
+    action = torch.where(step_k, head["action"].cpu(), random_actions)
+    mask = plan.inside | plan.absorbing
+    stamp = buffer._rows.write_time[roots]
+    expand = lambda x: x.unsqueeze(1).expand(B, K + 1).contiguous()  # noqa: E731
+    out = TensorDict(
+        {
+            "observation": obs,
+            "observation_mask": obs_mask,
+            "action": action,
+            "target_reward": target_reward,
+            "target_value": target_value,
+            "target_policy": target_policy,
+            "mask": mask,
+            "policy_mask": step_k.clone(),
+            "weight": expand(weight),
+            "index": expand(roots),
+            "stamp": expand(stamp),
+            "policy_version": expand(head["policy_version"][:, 0].cpu()),
+        },
+        batch_size=[B, K + 1],
+    )
+    if buffer.target_builders:
+        context = TargetContext(K, n, buffer.discount, buffer.two_player, rewards, plan)
+        for builder in buffer.target_builders:
+            builder.build(out, context)
+            missing = [key for key in builder.out_keys if key not in out.keys()]
+            if missing:
+                raise RuntimeError(f"{builder!r} did not write its out_keys {missing}.")
+    return out.to(out_device)
