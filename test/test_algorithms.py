@@ -81,6 +81,8 @@ def test_pieces_build_from_the_config_and_one_update_runs(tmp_path, name):
     T = 40
     obs = torch.randn(T + 1, 4)
     td = TensorDict({"observation": obs[:-1]}, [T])
+    if policy.memory is not None:  # acting from per-env memory: the primer's zeros (T fresh envs)
+        td.update(policy.memory.zeros(T))
     td = policy(td)
     done = torch.zeros(T, 1, dtype=torch.bool)
     done[-1] = True

@@ -21,7 +21,7 @@ from typing import Any, Callable
 __all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names"]
 
 _REGISTRY: dict[str, "Algorithm"] = {}
-_MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero")
+_MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context")
 _loaded = False
 
 
@@ -31,6 +31,10 @@ def _no_targets(cfg) -> list:
 
 def _no_future(cfg) -> bool:
     return False
+
+
+def _no_memory(cfg) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,10 @@ class Algorithm:
         buffer_kwargs: ``(cfg) -> dict`` of further
             :class:`~torchrl_muzero.data.GameBuffer` keyword arguments
             (EfficientZero's off-policy correction).
+        acting_memory: ``(cfg) -> ActingMemory | None``: what the policy
+            carries per env between steps (``muzero_context``'s rolled latent;
+            :mod:`torchrl_muzero.mcts.acting_memory`); ``None`` (default) acts
+            from the current observation alone.
         config_keys: the ``algo.*`` keys this algorithm reads; setting
             another algorithm's key is an error, not silently ignored.
         summary: one line for listings and docs.
@@ -75,6 +83,7 @@ class Algorithm:
     target_builders: Callable[[Any], list] = _no_targets
     needs_future_observations: Callable[[Any], bool] = _no_future
     buffer_kwargs: Callable[[Any], dict] = lambda cfg: {}
+    acting_memory: Callable[[Any], Any] = _no_memory
     config_keys: tuple[str, ...] = field(default_factory=tuple)
     summary: str = ""
 

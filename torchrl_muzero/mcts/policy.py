@@ -44,6 +44,13 @@ class MCTSPolicy(TensorDictModuleBase):
             add_noise=, generator=) -> SearchResult`` (default: MuZero's).
             Each algorithm of :mod:`torchrl_muzero.algorithms` names its own,
             e.g. ``gumbel_search`` with a ``GumbelMCTSConfig``.
+        memory: an :class:`~torchrl_muzero.mcts.acting_memory.ActingMemory`
+            for policies that act from per-env history (``muzero_context``):
+            the policy reads the memory's entries, searches from
+            ``memory.root(...)`` (passed to ``search_fn`` as ``root=``) and
+            writes the next memory at ``("next", key)``. The env must carry
+            the entries: :func:`~torchrl_muzero.mcts.acting_memory.with_acting_memory`
+            or a collector with ``auto_register_policy_transforms=True``.
 
     Examples:
         >>> import torch
@@ -73,6 +80,7 @@ class MCTSPolicy(TensorDictModuleBase):
         action_mask_key: NestedKey = "action_mask",
         to_play_key: NestedKey = "to_play",
         search_fn: Callable | None = None,
+        memory=None,
     ) -> None:
         super().__init__()
         self.model = model
@@ -86,6 +94,10 @@ class MCTSPolicy(TensorDictModuleBase):
         self.to_play_key = to_play_key
         self.in_keys = [observation_key]
         self.out_keys = [action_key, "search_policy", "root_value"]
+        self.memory = memory.bind(model) if memory is not None else None
+        if self.memory is not None:
+            self.in_keys = [*self.in_keys, *self.memory.keys]
+            self.out_keys = [*self.out_keys, *[("next", key) for key in self.memory.keys]]
         self._one_hot = action_spec is not None and "OneHot" in type(action_spec).__name__
         if action_spec is not None:
             n = action_spec.shape[-1] if self._one_hot else getattr(action_spec, "n", None)
@@ -112,6 +124,14 @@ class MCTSPolicy(TensorDictModuleBase):
         if to_play is not None:
             to_play = to_play.reshape(-1)
 
+        memory = root = None
+        if self.memory is not None:
+            if to_play is not None:
+                raise ValueError(f"{type(self.memory).__name__}: acting from per-env memory is for one-player "
+                                 "envs; this input has a player to move (to_play).")
+            self.memory.check(tensordict)
+            memory = tensordict.select(*self.memory.keys).reshape(-1).to(model_device)
+
         greedy = exploration_type() in _GREEDY
         config = self.config
         if greedy and config.temperature != 0:
@@ -120,6 +140,9 @@ class MCTSPolicy(TensorDictModuleBase):
         self.model.eval()
         try:
             with torch.no_grad():
+                extra = {}
+                if memory is not None:
+                    root = extra["root"] = self.memory.root(self.model, observation.to(model_device), memory)
                 result = self.search_fn(
                     self.model,
                     observation.to(model_device),
@@ -128,7 +151,10 @@ class MCTSPolicy(TensorDictModuleBase):
                     to_play=to_play,
                     add_noise=not greedy,
                     generator=self.generator,
+                    **extra,
                 )
+                if memory is not None:
+                    next_memory = self.memory.advance(self.model, root, result.action, memory)
         finally:
             self.model.train(was_training)
 
@@ -145,9 +171,13 @@ class MCTSPolicy(TensorDictModuleBase):
             if self.action_spec is not None and self.action_spec.shape[-1:] == (1,):
                 action = action.unsqueeze(-1)
         action = action.to(out_device)
-        tensordict.set(self.action_key, action.reshape(*batch_shape, *action.shape[1:]))
+        tensordict.set(self.action_key, action.reshape(tuple(batch_shape) + tuple(action.shape[1:])))
         tensordict.set(
-            "search_policy", result.search_policy.to(out_device).reshape(*batch_shape, -1)
+            "search_policy", result.search_policy.to(out_device).reshape(tuple(batch_shape) + (-1,))
         )
-        tensordict.set("root_value", result.root_value.to(out_device).reshape(batch_shape))
+        tensordict.set("root_value", result.root_value.to(out_device).reshape(tuple(batch_shape)))
+        if memory is not None:
+            next_memory = next_memory.to(out_device).reshape(tuple(batch_shape))
+            for key in self.memory.keys:
+                tensordict.set(("next", key), next_memory[key])
         return tensordict

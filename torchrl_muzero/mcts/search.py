@@ -226,6 +226,7 @@ def search(
     to_play: torch.Tensor | None = None,
     add_noise: bool = True,
     generator: torch.Generator | None = None,
+    root: ModelStep | None = None,
 ) -> SearchResult:
     """Run one MuZero search for each of the ``B`` observations.
 
@@ -239,6 +240,8 @@ def search(
             at each ply, rewards are the mover's).
         add_noise: mix Dirichlet noise into the root priors.
         generator: source of randomness (noise and action draws).
+        root: the root to search from instead of ``model.search_root(observation)``
+            (a policy acting from memory, :mod:`torchrl_muzero.mcts.acting_memory`).
 
     Examples:
         >>> import torch
@@ -252,17 +255,18 @@ def search(
         (torch.Size([3, 2]), torch.Size([3]))
     """
     return search_observations(muzero_search, "search", model, observation, config, action_mask, to_play,
-                               add_noise, generator)
+                               add_noise, generator, root=root)
 
 
 def search_observations(policy, name: str, model, observation, config, action_mask, to_play, add_noise,
-                        generator) -> SearchResult:
+                        generator, root: ModelStep | None = None) -> SearchResult:
     """What every ``*_search(model, observation, ...)`` shares: check the batch, root inference, the policy.
 
     ``policy(model, root, config, action_mask=, two_player=, add_noise=, generator=)``
     is the variant's search from a :class:`~torchrl_muzero.modules.ModelStep` root
     (:func:`muzero_search`, ``gumbel_muzero_search``, ...); ``name`` is the public
-    function named in the shape error.
+    function named in the shape error. A given ``root`` (on the model's device)
+    replaces the root inference.
     """
     model.check_observation(observation)
     if observation.ndim != len(model.observation_shape) + 1:
@@ -271,7 +275,8 @@ def search_observations(policy, name: str, model, observation, config, action_ma
             f"got {tuple(observation.shape)}."
         )
     device = next(model.parameters()).device
-    root = root_of(model, observation.to(device))
+    if root is None:
+        root = root_of(model, observation.to(device))
     return policy(
         model,
         root,

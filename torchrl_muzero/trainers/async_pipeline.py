@@ -32,10 +32,11 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import MultiAsyncCollector
+from torchrl.envs import TransformedEnv
 
 from torchrl_muzero.envs import make_env
 from torchrl_muzero.trainers.base import TrainerBase, TrainingStopped
-from torchrl_muzero.trainers.builders import build_model, build_policy, temperature_at
+from torchrl_muzero.trainers.builders import algorithm, build_model, build_policy, temperature_at
 from torchrl_muzero.trainers.config import config_to_dict, load_config
 from torchrl_muzero.trainers.cpu_budget import LearnerThreads, yield_to_learner
 from torchrl_muzero.trainers.evaluator import EvaluatorPool, WorkerDied
@@ -173,8 +174,16 @@ def publish_due(train_iter: int, published_iter: int, weight_sync_interval: int,
     return gap >= weight_sync_interval or 0 <= max_policy_lag <= gap
 
 
-def _make_worker_env(env_cfg, seed: int):
-    return make_env(env_cfg, seed=seed)
+def _make_worker_env(cfg_dict: dict, seed: int, observation_shape, num_actions: int):
+    """Runs in each collector worker: the env, with the primer of the policy's acting memory if it has one."""
+    cfg = load_config(cfg_dict)
+    env = make_env(cfg.env, seed=seed)
+    memory = algorithm(cfg).acting_memory(cfg)
+    if memory is None:
+        return env
+    # the primer's shapes come from the model (the latent's); this throwaway copy only answers them
+    return TransformedEnv(env, memory.make_tensordict_primer(build_model(cfg, observation_shape, num_actions)),
+                          auto_unwrap=False)
 
 
 class AsyncTrainer(TrainerBase):
@@ -224,7 +233,8 @@ class AsyncTrainer(TrainerBase):
         self.thread_steps = self.thread_updates = 0  # learner threads summed over updates, and the updates
         self.scheme = GuardedWeightSyncScheme(initial_weights=self.learner.model, timeout_s=ap.shutdown_timeout_s)
         self.collector = MultiAsyncCollector(
-            [functools.partial(_make_worker_env, cfg.env, cfg.seed + 1000 * (i + 1)) for i in range(n_workers)],
+            [functools.partial(_make_worker_env, cfg_dict, cfg.seed + 1000 * (i + 1), self.observation_shape,
+                               self.num_actions) for i in range(n_workers)],
             policy_factory=functools.partial(
                 _make_worker_policy, cfg_dict, self.observation_shape, self.num_actions, action_spec, control,
                 collector_device,

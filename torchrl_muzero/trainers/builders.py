@@ -52,8 +52,9 @@ def build_policy(cfg: TrainConfig, model, action_spec, generator: torch.Generato
     """The run's :class:`~torchrl_muzero.mcts.MCTSPolicy`: ``model`` searched with the algorithm's search."""
     from torchrl_muzero.mcts import MCTSPolicy
 
+    algo = algorithm(cfg)
     return MCTSPolicy(model, mcts_config(cfg, temperature, num_simulations), action_spec, generator=generator,
-                      search_fn=algorithm(cfg).search_fn)
+                      search_fn=algo.search_fn, memory=algo.acting_memory(cfg))
 
 
 def build_loss(cfg: TrainConfig, model):

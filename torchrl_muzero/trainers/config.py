@@ -52,7 +52,7 @@ class AlgoConfig:
     chosen algorithm does not read is an error.
     """
 
-    name: str = "muzero"  # muzero | efficientzero | gumbel_muzero | stochastic_muzero
+    name: str = "muzero"  # muzero | efficientzero | gumbel_muzero | stochastic_muzero | muzero_context
     # efficientzero: value-prefix LSTM, reset every lstm_horizon_len steps (training and search)
     lstm_horizon_len: int = 5
     lstm_hidden_size: int = 64
@@ -71,6 +71,9 @@ class AlgoConfig:
     chance_loss_weight: float = 1.0
     # 0 by default: on from the first update it collapsed the chance codes to one (docs/variants.md)
     commitment_loss_weight: float = 0.0
+    # muzero_context: acting re-grounds the root from the observation every context_length_init steps
+    # and rolls it forward with the dynamics in between (LightZero's Pong config: 4; 1 is MuZero)
+    context_length_init: int = 4
 
 
 @dataclass

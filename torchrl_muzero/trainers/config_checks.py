@@ -104,6 +104,7 @@ RANGES: dict[str, Range] = {
     "algo.value_scale": POSITIVE,
     "algo.maxvisit_init": NON_NEG,
     "algo.chance_space_size": COUNT,
+    "algo.context_length_init": COUNT,
     "algo.afterstate_value_loss_weight": NON_NEG,
     "algo.chance_loss_weight": NON_NEG,
     "algo.commitment_loss_weight": NON_NEG,
@@ -219,7 +220,9 @@ def _check_algo(cfg) -> None:
     import dataclasses
 
     from torchrl_muzero.algorithms import get_algorithm
+    from torchrl_muzero.algorithms.registry import Algorithm
 
+    _NO_MEMORY = Algorithm.__dataclass_fields__["acting_memory"].default
     algo = get_algorithm(cfg.algo.name)  # an unknown name lists the known ones
     defaults = type(cfg.algo)()
     for f in dataclasses.fields(cfg.algo):
@@ -234,6 +237,11 @@ def _check_algo(cfg) -> None:
                 f"config key 'algo.{f.name}' ({value!r}) is a setting of {' / '.join(owners) or 'no algorithm'}, "
                 f"not of algo={algo.name}, which would ignore it; drop it or choose algo={owners[0] if owners else '...'}."
             )
+    if cfg.env.kind == "board" and algo.acting_memory is not _NO_MEMORY:
+        raise ConfigError(
+            f"config key 'algo.name' is {algo.name!r}, which acts from per-env history, and env.kind is 'board': "
+            "acting from history is for one-player envs; choose algo=muzero (or another algorithm) for board games."
+        )
 
 
 def _check_rules(cfg) -> None:

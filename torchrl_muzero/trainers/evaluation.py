@@ -6,19 +6,23 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from torchrl_muzero.envs.env_ids import is_board_game
 from torchrl_muzero.mcts import MCTSConfig, MCTSPolicy
+from torchrl_muzero.mcts.acting_memory import with_acting_memory
 
 __all__ = ["evaluate", "evaluate_with_stats"]
 
 
 @torch.no_grad()
-def evaluate(model, env, mcts: MCTSConfig, max_steps: int = 100_000, search_fn=None) -> list[float]:
+def evaluate(model, env, mcts: MCTSConfig, max_steps: int = 100_000, search_fn=None, memory=None) -> list[float]:
     """Play one episode in each of ``env``'s batched copies; return their returns.
 
     The search (``search_fn``, default MuZero's) runs greedily (no root
     noise, most-visited action). Episodes that end early wait for the others;
-    each copy counts its first episode only.
+    each copy counts its first episode only. A policy acting from per-env
+    ``memory`` (:mod:`torchrl_muzero.mcts.acting_memory`) gets its primer on a
+    wrapper of ``env`` (``env`` itself is not changed).
     """
-    policy = MCTSPolicy(model, mcts, env.action_spec, search_fn=search_fn)
+    policy = MCTSPolicy(model, mcts, env.action_spec, search_fn=search_fn, memory=memory)
+    env = with_acting_memory(env, policy)
     n = int(env.batch_size.numel()) if len(env.batch_size) else 1
     returns = torch.zeros(n)
     finished = torch.zeros(n, dtype=torch.bool)
@@ -37,7 +41,8 @@ def evaluate(model, env, mcts: MCTSConfig, max_steps: int = 100_000, search_fn=N
     return returns.tolist()
 
 
-def evaluate_with_stats(model, env, mcts: MCTSConfig, env_cfg=None, search_fn=None) -> tuple[list[float], dict]:
+def evaluate_with_stats(model, env, mcts: MCTSConfig, env_cfg=None, search_fn=None,
+                        memory=None) -> tuple[list[float], dict]:
     """What the trainers score a version with: ``(per-episode returns, extra metrics)``.
 
     Board games (``env_cfg.kind == "board"``) play ``N`` games (``N``: the
@@ -53,4 +58,4 @@ def evaluate_with_stats(model, env, mcts: MCTSConfig, env_cfg=None, search_fn=No
 
         return evaluate_board(model, mcts, num_games=int(env.batch_size.numel()) if len(env.batch_size) else 1,
                               search_fn=search_fn)
-    return evaluate(model, env, mcts, search_fn=search_fn), {}
+    return evaluate(model, env, mcts, search_fn=search_fn, memory=memory), {}

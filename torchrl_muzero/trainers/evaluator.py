@@ -69,8 +69,9 @@ def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results,
                 break
             version, weights = request
             model.load_state_dict(weights)
-            results.put(("ok", index, version, evaluate_with_stats(model, env, mcts, cfg.env,
-                                                                   search_fn=algorithm(cfg).search_fn)))
+            algo = algorithm(cfg)
+            results.put(("ok", index, version, evaluate_with_stats(model, env, mcts, cfg.env, search_fn=algo.search_fn,
+                                                                   memory=algo.acting_memory(cfg))))
         env.close()
     except BaseException:  # report, then exit non-zero: the driver names us in its error
         results.put(("error", index, -1, traceback.format_exc()))

@@ -5,6 +5,7 @@ import torch
 from torchrl.collectors import Collector
 
 from torchrl_muzero.envs import make_env
+from torchrl_muzero.mcts.acting_memory import with_acting_memory
 from torchrl_muzero.trainers.base import TrainerBase
 from torchrl_muzero.trainers.builders import algorithm, build_policy, mcts_config, temperature_at
 from torchrl_muzero.trainers.evaluation import evaluate_with_stats
@@ -43,6 +44,7 @@ class SyncTrainer(TrainerBase):
         self.eval_env = make_env(cfg.env, num_envs=cfg.eval.num_episodes, seed=cfg.seed + 10_000, training=False)
         self.policy = build_policy(cfg, self.learner.model, env.action_spec,
                                    generator=torch.Generator(self.device).manual_seed(cfg.seed))
+        env = with_acting_memory(env, self.policy)  # per-env acting state (muzero_context): its primer
         self.collector = Collector(env, self.policy, frames_per_batch=cfg.train.frames_per_batch,
                                    total_frames=-1, auto_register_policy_transforms=False)
         budget = 0.0
@@ -80,7 +82,8 @@ class SyncTrainer(TrainerBase):
         sims = cfg.eval.num_simulations or cfg.mcts.num_simulations
         returns, stats = evaluate_with_stats(self.learner.model, self.eval_env,
                                              mcts_config(cfg, temperature=0.0, num_simulations=sims), cfg.env,
-                                             search_fn=algorithm(cfg).search_fn)
+                                             search_fn=algorithm(cfg).search_fn,
+                                             memory=algorithm(cfg).acting_memory(cfg))
         mean = sum(returns) / len(returns)
         version = self.learner.train_iter
         self.metrics.log(self.env_steps, stats)  # board games: win / draw / loss rates per opponent
