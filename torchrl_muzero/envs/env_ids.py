@@ -5,8 +5,9 @@ __all__ = ["BOARD_GAMES", "GAMES", "is_board_game", "check_env_id"]
 
 # env.kind == "board": two-player board games, by env.id (torchrl_muzero/envs/tictactoe.py)
 BOARD_GAMES = ("TicTacToe",)
-# env.kind == "game": single-player games implemented here, by env.id (torchrl_muzero/envs/game2048.py)
-GAMES = ("2048",)
+# env.kind == "game": single-player games implemented here, by env.id (torchrl_muzero/envs/game2048.py,
+# memory_len.py)
+GAMES = ("2048", "memory_len")
 
 
 def is_board_game(env_cfg) -> bool:

@@ -43,6 +43,10 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
         env = TransformedEnv(TicTacToeEnv(n, random_opening_moves=opening), RewardSum())  # episode_reward: 1 won, 0 drawn
         env.set_seed(seed)
         return env
+    if env_cfg.kind == "game" and env_cfg.id == "memory_len":  # bsuite's memory task, batched in torch
+        from torchrl_muzero.envs.memory_len import make_memory_env
+
+        return make_memory_env(n, memory_length=env_cfg.memory_length, seed=seed)
     if env_cfg.kind == "game":  # 2048: batched in torch, chance outcomes drawn from its own seeded generator
         from torchrl_muzero.envs.game2048 import make_game2048_env
 

@@ -27,7 +27,7 @@ class EnvConfig:
     """Which environment, and how it is batched and preprocessed."""
 
     name: str = "CartPole"
-    kind: str = "gym"  # "gym" (vector observations), "atari", "board" (two-player: id TicTacToe), "game" (id 2048)
+    kind: str = "gym"  # "gym" (vector observations), "atari", "board" (two-player: id TicTacToe), "game" (2048, memory_len)
     id: str = "CartPole-v1"
     num_envs: int = 8  # envs stepped together by one collector (B roots per search)
     parallel: bool = False  # Atari: one process per game (ParallelEnv) instead of in-process (SerialEnv)
@@ -42,6 +42,8 @@ class EnvConfig:
     terminal_on_life_loss: bool = True  # for training only; evaluation plays whole games
     # board games (kind == "board"): self-play games start after 0..k uniformly random moves
     random_opening_moves: int = 0
+    # env.id == "memory_len" (kind == "game"): steps between the cue and the query
+    memory_length: int = 10
 
 
 @dataclass

@@ -94,6 +94,7 @@ RANGES: dict[str, Range] = {
     "env.screen_size": Range(8),
     "env.noop_max": NON_NEG,
     "env.sticky_action_prob": PROBABILITY,
+    "env.memory_length": COUNT,
     "env.random_opening_moves": Range(0, 4),  # 5 plies can end a tic-tac-toe game
     # algo
     "algo.lstm_horizon_len": COUNT,
