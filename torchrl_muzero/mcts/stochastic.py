@@ -170,7 +170,10 @@ def stochastic_muzero_search(
 
     ``root`` is ``model.search_root(observation)`` (logits ``[B, A + C]``,
     ``-inf`` on the chance slots); ``model.search_step(state, slot,
-    discount=config.discount)`` expands the tree. ``action_mask [B, A]``
+    discount=config.discount)`` expands the tree, or, with the C++ kernel
+    and a model whose ``fused_search_weights()`` is not ``None``, the fused
+    C++ search runs the same step in its own loops (all simulations in one
+    call; a few float ulps from the torch model). ``action_mask [B, A]``
     masks the root's actions. The result's ``visit_counts``,
     ``search_policy`` and ``action`` cover the ``A`` actions; ``tree`` keeps
     all ``A + C`` slots.
