@@ -18,12 +18,14 @@ logits (no representation call).
 
 Ours: ``cpp`` is the fused C++ search (network in the kernel), ``cpp-loop``
 the C++ tree with the model called from Python per simulation, ``torch`` the
-tree in tensor ops; Gumbel and Stochastic MuZero run over the shared loop
-(Gumbel's ``cpp`` backend still selects in torch, see
-``gumbel_muzero_search``; Stochastic is torch only). Stochastic MuZero uses
-its own exported network (``export_case.py``: C = 32 chance codes), and so
-does EfficientZero (a 64-unit value-prefix LSTM reset every 5 steps), searched
-by MuZero's policy (``muzero_search``) over the C++ tree loop or torch.
+tree in tensor ops; Gumbel MuZero runs over the shared loop (its ``cpp``
+backend still selects in torch, see ``gumbel_muzero_search``). Stochastic
+MuZero's ``cpp`` is its own fused search (``csrc/stochastic_search.cpp``: the
+afterstate and chance steps in the kernel), ``cpp-loop`` its C++ chance / pUCT
+rules around the torch model called per simulation; it uses its own exported
+network (``export_case.py``: C = 32 chance codes), and so does EfficientZero
+(a 64-unit value-prefix LSTM reset every 5 steps), searched by MuZero's policy
+(``muzero_search``) over the C++ tree loop or torch.
 """
 from __future__ import annotations
 
@@ -107,21 +109,25 @@ def _our_runs(case: dict, variants: list[str]):
         except ImportError as err:
             print(f"ours: no Stochastic MuZero search here ({err})", file=sys.stderr)
         else:
-            sto = export_case.canonical_stochastic_model()
             sto_t = {k: torch.from_numpy(v) for k, v in case.items() if k.startswith("sto_") and "_B" in k}
             C = int(case["num_chance"])
-            for backend in (["cpp"] if has_cpp else []) + ["torch"]:
-                cfg = MCTSConfig(num_simulations=sims, backend=backend)  # C++: the chance / pUCT rules, torch model
+            for backend in (["cpp", "cpp-loop"] if has_cpp else []) + ["torch"]:
+                # cpp: the fused search (network in the kernel); cpp-loop: the C++ chance / pUCT rules
+                # around the torch model called per simulation.
+                cfg = MCTSConfig(num_simulations=sims, backend=backend.split("-")[0])
+                sto = export_case.canonical_stochastic_model()
+                if backend == "cpp-loop":
+                    sto.fused_search_weights = lambda: None
 
                 @torch.no_grad()
-                def run(B, cfg=cfg):
+                def run(B, cfg=cfg, sto=sto):
                     latent, value = sto_t[f"sto_latent_B{B}"], sto_t[f"sto_value_B{B}"]
                     logits = torch.cat([sto_t[f"sto_policy_logits_B{B}"], torch.full((B, C), -float("inf"))], -1)
                     state = TensorDict({"latent": latent, "is_chance": torch.zeros(B, dtype=torch.bool)}, [B])
                     root = ModelStep(state, torch.zeros_like(value), logits, value)
                     return stochastic_muzero_search(sto, root, cfg, generator=gen).visit_counts
 
-                runs[("ours-cpp-loop" if backend == "cpp" else "ours-torch", "stochastic_muzero")] = run
+                runs[(f"ours-{backend}", "stochastic_muzero")] = run
 
     if "efficientzero" in variants and "lstm_hidden_size" in case:
         try:

@@ -19,7 +19,11 @@
 //   dispatch.h     rule names and parameter counts, with_rules(): from the
 //                  names to the template instantiation;
 //   mlp_net.*      the fused MLP search's network step;
-//   mlp_search.cpp the fused search (reuses select_in_tree and the backup).
+//   mlp_kernels.h  the vector kernels both fused networks use (linear layer,
+//                  support decode);
+//   mlp_search.cpp the fused search (reuses select_in_tree and the backup);
+//   stochastic_net.*, stochastic_search.cpp
+//                  the same for Stochastic MuZero's two-kind step.
 //
 // `select` and `mlp_search` take the two rules by name plus their float
 // parameters (mcts/rules.py's `cpp_rule` / `cpp_params`) and the tensors of
@@ -31,8 +35,10 @@
 
 namespace tree_ops {
 
-// Defined in mlp_search.cpp (empty without GCC/Clang vector extensions).
+// Defined in mlp_search.cpp and stochastic_search.cpp (empty without
+// GCC/Clang vector extensions).
 void register_mlp(pybind11::module_& m);
+void register_stochastic(pybind11::module_& m);
 
 namespace {
 
@@ -181,4 +187,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("reward"), py::arg("value"), py::arg("prior"),
         py::arg("edge_discount") = py::none());
   tree_ops::register_mlp(m);
+  tree_ops::register_stochastic(m);
 }

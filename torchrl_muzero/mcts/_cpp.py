@@ -40,6 +40,7 @@ __all__ = [
     "cpp_select",
     "cpp_expand_and_backup",
     "cpp_mlp_search",
+    "cpp_stochastic_search",
     "bind_cpp_search",
 ]
 
@@ -48,7 +49,7 @@ __all__ = [
 _EXPECTED_VERSION = 2
 
 # The kernel's translation units (keep in step with setup.py's list).
-_SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp")
+_SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp", "stochastic_net.cpp", "stochastic_search.cpp")
 
 _lock = threading.Lock()
 _loaded = False  # the load is attempted once per process; failures are sticky
@@ -343,6 +344,60 @@ def cpp_mlp_search(
         weights,
         float(reward_eps),
         float(value_eps),
+        root_name,
+        root_params,
+        interior_name,
+        interior_params,
+        _extra(tree, root_rule, interior_rule),
+    )
+
+
+def cpp_stochastic_search(
+    tree: Tree,
+    weights: list[torch.Tensor],
+    reward_eps: float,
+    value_eps: float,
+    discount: float,
+    root_rule,
+    interior_rule,
+) -> None:
+    """Every simulation of a Stochastic MuZero search for ``StochasticMuZeroMLPModel`` in one C++ call, in place.
+
+    ``tree`` is fresh with its root written (:func:`~torchrl_muzero.mcts.loop.start_tree`
+    with the ``{"latent", "is_chance"}`` node state, root priors prepared);
+    ``weights, reward_eps, value_eps`` are ``model.fused_search_weights()``;
+    ``discount`` is the discount of the chance-to-decision edges (the
+    decision-to-chance ones get 1, as ``model.search_step`` gives them).
+    Simulation ``s`` creates node ``s + 1`` and writes its latent, node kind,
+    raw value, prior logits and prior as the loop writes them. The rules are
+    taken as by :func:`cpp_select` (``"is_chance"`` is the node state's).
+    Raises ``RuntimeError`` if the kernel was built without it.
+    """
+    ops = _require()
+    if not hasattr(ops, "stochastic_search"):
+        raise RuntimeError("the C++ tree kernel was built without the fused Stochastic MuZero search")
+    root_name, root_params = cpp_rule_args(root_rule)
+    interior_name, interior_params = cpp_rule_args(interior_rule)
+    ops.stochastic_search(
+        tree.visit_count,
+        tree.value_sum,
+        tree.parent,
+        tree.action_from_parent,
+        tree.children_index,
+        tree.children_prior,
+        tree.children_reward,
+        tree.children_discount,
+        tree.children_logits,
+        tree.raw_value,
+        tree.min_q,
+        tree.max_q,
+        tree.root_legal,
+        tree.embeddings.get("latent"),
+        tree.embeddings.get("is_chance"),
+        weights,
+        float(reward_eps),
+        float(value_eps),
+        float(discount),
         root_name,
         root_params,
         interior_name,

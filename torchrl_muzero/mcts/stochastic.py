@@ -25,7 +25,11 @@ marks the other kind's slots with ``-inf`` logits, which no rule selects
 Backends: the tree bookkeeping runs in the C++ kernel when ``config.backend``
 allows it, the tree is on the CPU and the loaded kernel lists both rules'
 ``cpp_rule`` names (pUCT at the root, ``"stochastic"`` inside); otherwise in
-batched torch ops (any device).
+batched torch ops (any device). With the kernel, a
+``StochasticMuZeroMLPModel`` with one hidden layer per network is searched
+in a single C++ call, network included (``_fused_stochastic_weights``,
+``csrc/stochastic_search.cpp``); other models are called once per
+simulation.
 """
 from __future__ import annotations
 
@@ -34,7 +38,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+from tensordict import TensorDictBase
 
+from torchrl_muzero.mcts import _cpp
 from torchrl_muzero.mcts.config import MCTSConfig
 from torchrl_muzero.mcts.loop import cpp_rules_supported, run_search, start_tree
 from torchrl_muzero.mcts.noise import sample_dirichlet
@@ -130,6 +136,27 @@ class StochasticRule:
         return torch.where(is_chance, self.chance(tree, node, depth), self.decision(tree, node, depth))
 
 
+def _fused_stochastic_weights(model, ops, tree: Tree):
+    """The weights for the C++ fused Stochastic MuZero search when it can run this search, else ``None``.
+
+    Taken with the C++ kernel (``ops``: backend "auto" or "cpp", rules
+    supported) for models that offer ``fused_search_weights()``
+    (``StochasticMuZeroMLPModel`` with one hidden layer, float32) on a node
+    state of a flat float32 ``"latent"`` and a bool ``"is_chance"``. The fused
+    network rounds differently from BLAS in the last bits, so near-tied
+    choices can differ from the torch path (test/test_stochastic_fused.py).
+    """
+    if ops is None or not hasattr(ops, "stochastic_search") or not isinstance(tree.embeddings, TensorDictBase):
+        return None
+    latent, is_chance = tree.embeddings.get("latent", None), tree.embeddings.get("is_chance", None)
+    if latent is None or is_chance is None or latent.dtype != torch.float32 or latent.dim() != 3:
+        return None
+    if is_chance.dtype != torch.bool or not (latent.is_contiguous() and is_chance.is_contiguous()):
+        return None
+    get = getattr(model, "fused_search_weights", None)
+    return None if get is None else get()
+
+
 def stochastic_muzero_search(
     model,
     root: ModelStep,
@@ -143,7 +170,10 @@ def stochastic_muzero_search(
 
     ``root`` is ``model.search_root(observation)`` (logits ``[B, A + C]``,
     ``-inf`` on the chance slots); ``model.search_step(state, slot,
-    discount=config.discount)`` expands the tree. ``action_mask [B, A]``
+    discount=config.discount)`` expands the tree, or, with the C++ kernel
+    and a model whose ``fused_search_weights()`` is not ``None``, the fused
+    C++ search runs the same step in its own loops (all simulations in one
+    call; a few float ulps from the torch model). ``action_mask [B, A]``
     masks the root's actions. The result's ``visit_counts``,
     ``search_policy`` and ``action`` cover the ``A`` actions; ``tree`` keeps
     all ``A + C`` slots.
@@ -182,7 +212,6 @@ def stochastic_muzero_search(
         )
     decision = PUCT(config.pb_c_base, config.pb_c_init)
     interior = StochasticRule(decision, ChanceRule(A))
-    step = functools.partial(model.search_step, discount=config.discount)
     ops = _resolve_backend(config, device)
     if ops is not None and not cpp_rules_supported(ops, decision, interior):
         if config.backend == "cpp":
@@ -191,7 +220,13 @@ def stochastic_muzero_search(
                 f"({decision.cpp_rule!r} at the root, {interior.cpp_rule!r} inside); use backend='auto' or 'torch'."
             )
         ops = None
-    run_search(tree, step, config.num_simulations, decision, interior, config.discount, ops)
+    fused = _fused_stochastic_weights(model, ops, tree)
+    if fused is not None:  # every simulation in one C++ call (select, network, expand, backup)
+        tensors, reward_eps, value_eps = fused
+        _cpp.cpp_stochastic_search(tree, tensors, reward_eps, value_eps, config.discount, decision, interior)
+    else:
+        step = functools.partial(model.search_step, discount=config.discount)
+        run_search(tree, step, config.num_simulations, decision, interior, config.discount, ops)
 
     visit_counts = tree.root_child_visits()[:, :A]
     search_policy = visit_counts.float() / visit_counts.sum(-1, keepdim=True).clamp_min(1)

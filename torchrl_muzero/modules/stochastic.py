@@ -342,3 +342,59 @@ class StochasticMuZeroMLPModel(StochasticMuZeroModel):
 
     def chance_encoder_logits(self, observation: torch.Tensor, next_observation: torch.Tensor) -> torch.Tensor:
         return self.chance_encoder(torch.cat([observation.flatten(1), next_observation.flatten(1)], -1))
+
+    def fused_search_weights(self) -> tuple[list[torch.Tensor], float, float] | None:
+        """What the C++ fused Stochastic MuZero search needs to run this model, or ``None`` when it cannot.
+
+        The fused search (``stochastic_search`` in
+        ``torchrl_muzero/csrc/stochastic_search.cpp``) runs every simulation
+        of a CPU search in one C++ call, with its own loops for
+        :meth:`search_step`'s arithmetic; it only knows one hidden layer per
+        network (``num_layers == 1``) in float32 on the CPU. A subclass that
+        overrides a step of the search is not this model any more, so it gets
+        ``None`` and the search calls it per simulation.
+
+        Returns ``(tensors, reward_epsilon, value_epsilon)`` with the 24
+        ``tensors`` in the kernel's order: afterstate dynamics (W1 ``[H, L +
+        A]``, b1, W2, b2), afterstate trunk (W, b), chance head (W, b),
+        afterstate value head (W, b), dynamics (W1 ``[H, L + C]``, b1, W2,
+        b2), reward head (W1, b1, W2, b2), prediction trunk (W, b), joint
+        policy+value head (W, b), reward bins, value bins.
+
+        Examples:
+            >>> from torchrl_muzero.modules import StochasticMuZeroMLPModel
+            >>> model = StochasticMuZeroMLPModel((4,), 2, chance_space_size=3, latent_dim=8, hidden_dim=8)
+            >>> len(model.fused_search_weights()[0])
+            24
+            >>> StochasticMuZeroMLPModel((4,), 2, latent_dim=8, hidden_dim=8, num_layers=2).fused_search_weights()
+        """
+        cls = type(self)
+        base = StochasticMuZeroMLPModel
+        overridden = [
+            name
+            for name in ("search_step", "afterstate_dynamics", "afterstate_prediction", "chance_dynamics", "predict",
+                         "decode_value", "decode_reward_and_value")
+            if getattr(cls, name) is not getattr(base, name)
+        ]
+        if overridden or any(len(net) != 3 for net in (self.afterstate_net, self.dynamics_net, self.reward_head)):
+            return None
+        a1, _, a2 = self.afterstate_net
+        d1, _, d2 = self.dynamics_net
+        r1, _, r2 = self.reward_head
+        t1, p1 = self.afterstate_trunk[0], self.prediction_trunk[0]
+        tensors = [
+            a1.weight, a1.bias, a2.weight, a2.bias,
+            t1.weight, t1.bias, self.chance_head.weight, self.chance_head.bias,
+            self.afterstate_value_head.weight, self.afterstate_value_head.bias,
+            d1.weight, d1.bias, d2.weight, d2.bias,
+            r1.weight, r1.bias, r2.weight, r2.bias,
+            p1.weight, p1.bias, self.prediction_head.weight, self.prediction_head.bias,
+            self.reward_support.bins, self.value_support.bins,
+        ]
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+            return None
+        return (
+            [t.detach().contiguous() for t in tensors],
+            self.reward_support.epsilon,
+            self.value_support.epsilon,
+        )
