@@ -286,6 +286,7 @@ def test_cpp_and_torch_backends_give_the_same_search():
     torch.manual_seed(0)
     model = StochasticMuZeroMLPModel((4,), 3, chance_space_size=4, latent_dim=8, hidden_dim=16,
                                      zero_init_heads=False)
+    model.fused_search_weights = lambda: None  # the C++ rules with the torch model (the fused path: test_stochastic_fused.py)
     obs = torch.randn(5, 4)
     out = {}
     for backend in ("torch", "cpp"):
