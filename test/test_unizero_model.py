@@ -332,3 +332,15 @@ def test_search_from_observations_and_frames():
     root = frames.search_root(torch.rand(2, 3, 3, 16, 16) * 255, torch.randint(4, (2, 2)))
     result = muzero_search(frames, root, MCTSConfig(num_simulations=5, backend="torch"))
     assert result.visit_counts.sum(-1).tolist() == [5, 5]
+
+
+def test_tensordict_sequence_view_equals_unroll():
+    from tensordict import TensorDict
+
+    model = make_model()
+    obs, actions = torch.randn(2, 4, *OBS), torch.randint(A, (2, 4))
+    td = model.sequence(TensorDict({"observation": obs, "action": actions}, [2, 4]))
+    out = model.unroll(obs, actions)
+    for key in ("latent", "policy_logits", "value_logits", "reward_logits", "next_latent"):
+        torch.testing.assert_close(td[key], out[key])
+    assert not any(k.startswith("sequence.") for k in model.state_dict())  # no second copy of the weights

@@ -58,6 +58,7 @@ from typing import Sequence
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule
 from torch import nn
 
 from torchrl_muzero.modules.model import MuZeroModel
@@ -74,6 +75,16 @@ _OVERFLOW = ("rebuild", "error")
 
 def _head(embed_dim: int, out_dim: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(embed_dim, embed_dim), nn.GELU(), nn.Linear(embed_dim, out_dim))
+
+
+class _Unroll(nn.Module):
+    def __init__(self, model: "UniZeroModel") -> None:
+        super().__init__()
+        self._model = [model]  # a list so the model is not registered inside itself
+
+    def forward(self, observation, action):
+        out = self._model[0].unroll(observation, action)
+        return out["latent"], out["policy_logits"], out["value_logits"], out["reward_logits"], out["next_latent"]
 
 
 class UniZeroModel(nn.Module):
@@ -104,7 +115,9 @@ class UniZeroModel(nn.Module):
     Training: :meth:`forward` ``(latents [B, T, E], actions [B, T])`` and
     :meth:`unroll` ``(observations [B, T, ...], actions [B, T])`` give a
     TensorDict ``[B, T]`` of ``policy_logits``, ``value_logits`` (at ``z_t``),
-    ``reward_logits`` and ``next_latent`` (at ``a_t``).
+    ``reward_logits`` and ``next_latent`` (at ``a_t``). ``model.sequence`` is
+    the same as a ``TensorDictModule`` reading ``"observation"`` and
+    ``"action"`` of a ``[B, T]`` TensorDict.
 
     Search: :meth:`search_root` / :meth:`root_from_latents` and
     :meth:`search_step`, for :func:`~torchrl_muzero.mcts.search.muzero_search`.
@@ -119,6 +132,11 @@ class UniZeroModel(nn.Module):
         >>> out = model(torch.softmax(torch.randn(3, 4, 16), -1), torch.randint(2, (3, 4)))
         >>> out["policy_logits"].shape, out["next_latent"].shape
         (torch.Size([3, 4, 2]), torch.Size([3, 4, 16]))
+        >>> from tensordict import TensorDict
+        >>> td = model.sequence(TensorDict({"observation": torch.randn(3, 4, 4),
+        ...                                 "action": torch.randint(2, (3, 4))}, [3, 4]))
+        >>> td["latent"].shape, td["reward_logits"].shape
+        (torch.Size([3, 4, 16]), torch.Size([3, 4, 11]))
         >>> obs = torch.randn(3, 3, 4)                   # [B, context_length + 1, *obs]: history + now
         >>> past_actions = torch.randint(2, (3, 2))
         >>> valid = torch.tensor([[True, True, True], [False, True, True], [False, False, True]])
@@ -186,6 +204,10 @@ class UniZeroModel(nn.Module):
         self.latent_norm = make_latent_norm(latent_norm, embed_dim, simnorm_dim)
         self.encoder = encoder if encoder is not None else MLPEncoder(
             observation_shape, embed_dim, encoder_hidden_dim, latent_norm=latent_norm, simnorm_dim=simnorm_dim
+        )
+        self.sequence = TensorDictModule(
+            _Unroll(self), in_keys=["observation", "action"],
+            out_keys=["latent", "policy_logits", "value_logits", "reward_logits", "next_latent"],
         )
 
     @staticmethod
