@@ -36,6 +36,16 @@ rounding). The cache is located by construction (it *is* the node state, per
 env row and per tree node); there is no lookup, so there is no miss, and no
 hash of a float latent anywhere.
 
+Cost of the design. Every node owns its context: ``max_tokens * num_layers *
+2 * embed_dim`` floats of keys/values plus ``max_blocks * embed_dim`` of raw
+latents (CartPole sizes: ~23 KB per node, ~9 MB for 8 roots of 50
+simulations; embed 768: ~280 KB per node, ~2.2 GB for 160 roots), and each
+expansion copies its parent's context once. The alternative (each node stores
+only its two new tokens and the step gathers its ancestors' tokens through
+parent pointers) needs the tree's node indices, which the search does not hand
+to the model; this design stays inside the ``search_step(state, action)``
+contract with nothing kept on the module between calls.
+
 Context limit. A node's context holds at most ``max_blocks`` latents
 (``max_tokens = 2 * max_blocks`` slots). A step from a node that already
 holds ``max_blocks`` latents either raises (``on_overflow="error"``) or, by
