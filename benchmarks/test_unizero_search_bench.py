@@ -1,0 +1,78 @@
+"""UniZero search speed: the exact KV cache against recomputing the whole context at every expansion.
+
+LightZero's CartPole UniZero sizes (embed 64, 2 layers, 2 heads, RoPE,
+context_length 4 = 9 root tokens, max_blocks 10), 101-bin supports, 2 actions,
+50 simulations, one torch thread, B roots with a full history window.
+``kv_cache=True`` appends two tokens per expansion to the parent's cached
+keys/values; ``kv_cache=False`` runs two full causal forwards over the node's
+whole context per expansion (same outputs and visit counts, tested in
+test/test_unizero_model.py). Speed-up = mean(recompute) / mean(cache).
+
+Run: python -m pytest benchmarks/test_unizero_search_bench.py --benchmark-only
+     --benchmark-columns=mean,median,rounds
+"""
+import pytest
+import torch
+
+from torchrl_muzero.mcts import MCTSConfig
+from torchrl_muzero.mcts.search import muzero_search
+from torchrl_muzero.modules.unizero import UniZeroModel
+
+SIMS, ACTIONS = 50, 2
+BATCHES = [1, 8]
+# "cartpole": LightZero's CartPole sizes. "long": a longer context and a wider model (33 root tokens,
+# 64 slots), where a full recompute per expansion costs more than the per-op overhead of the cache.
+SIZES = {
+    "cartpole": dict(embed_dim=64, num_layers=2, num_heads=2, context_length=4, max_blocks=10),
+    "long": dict(embed_dim=128, num_layers=2, num_heads=4, context_length=16, max_blocks=32),
+}
+
+
+def _model(kv_cache: bool, size: str = "cartpole") -> UniZeroModel:
+    torch.manual_seed(0)
+    return UniZeroModel((4,), ACTIONS, position="rope", kv_cache=kv_cache, **SIZES[size]).eval()
+
+
+def _window(B: int, size: str = "cartpole"):
+    g = torch.Generator().manual_seed(0)
+    K = SIZES[size]["context_length"]
+    return torch.randn(B, K + 1, 4, generator=g), torch.randint(ACTIONS, (B, K), generator=g)
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("B", BATCHES)
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_unizero_search(benchmark, B, kv_cache, size):
+    model = _model(kv_cache, size)
+    obs, actions = _window(B, size)
+    cfg = MCTSConfig(num_simulations=SIMS, backend="torch")
+
+    def run():
+        gen = torch.Generator().manual_seed(0)
+        return muzero_search(model, model.search_root(obs, actions), cfg, generator=gen)
+
+    run()  # warm-up
+    out = benchmark.pedantic(run, rounds={1: 8, 8: 5}[B], iterations=1)
+    assert out.visit_counts.sum(-1).eq(SIMS).all()
+    benchmark.extra_info["searches_per_s"] = B / benchmark.stats.stats.mean
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("B", BATCHES)
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_unizero_steps_only(benchmark, B, kv_cache, size):
+    """The network's share: the root and 50 search steps down one path (no tree), a slide included."""
+    model = _model(kv_cache, size)
+    obs, actions = _window(B, size)
+    path = torch.randint(ACTIONS, (SIMS, B), generator=torch.Generator().manual_seed(1))
+    depth = SIZES[size]["max_blocks"] - SIZES[size]["context_length"] - 1  # steps before a slide
+
+    def run():
+        root = model.search_root(obs, actions)
+        state = root.state
+        for s in range(SIMS):  # restart from the root every `depth` steps: search-like depths
+            state = model.search_step(root.state if s % depth == 0 else state, path[s]).state
+        return state
+
+    run()
+    benchmark.pedantic(run, rounds={1: 8, 8: 5}[B], iterations=1)
