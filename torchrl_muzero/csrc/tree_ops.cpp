@@ -18,8 +18,11 @@
 //                  rules;
 //   dispatch.h     rule names and parameter counts, with_rules(): from the
 //                  names to the template instantiation;
+//   vec_kernels.h  the vector layers and decode both fused steps use;
 //   mlp_net.*      the fused MLP search's network step;
-//   mlp_search.cpp the fused search (reuses select_in_tree and the backup).
+//   mlp_search.cpp the fused search (reuses select_in_tree and the backup);
+//   ez_net.*       EfficientZero's value-prefix step (LSTM, LayerNorm);
+//   ez_search.cpp  the fused EfficientZero search.
 //
 // `select` and `mlp_search` take the two rules by name plus their float
 // parameters (mcts/rules.py's `cpp_rule` / `cpp_params`) and the tensors of
@@ -31,8 +34,10 @@
 
 namespace tree_ops {
 
-// Defined in mlp_search.cpp (empty without GCC/Clang vector extensions).
+// Defined in mlp_search.cpp and ez_search.cpp (empty without GCC/Clang
+// vector extensions).
 void register_mlp(pybind11::module_& m);
+void register_ez(pybind11::module_& m);
 
 namespace {
 
@@ -181,4 +186,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("reward"), py::arg("value"), py::arg("prior"),
         py::arg("edge_discount") = py::none());
   tree_ops::register_mlp(m);
+  tree_ops::register_ez(m);
 }

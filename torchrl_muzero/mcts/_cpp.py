@@ -40,6 +40,7 @@ __all__ = [
     "cpp_select",
     "cpp_expand_and_backup",
     "cpp_mlp_search",
+    "cpp_ez_search",
     "bind_cpp_search",
 ]
 
@@ -48,7 +49,7 @@ __all__ = [
 _EXPECTED_VERSION = 2
 
 # The kernel's translation units (keep in step with setup.py's list).
-_SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp")
+_SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp", "ez_net.cpp", "ez_search.cpp")
 
 _lock = threading.Lock()
 _loaded = False  # the load is attempted once per process; failures are sticky
@@ -343,6 +344,55 @@ def cpp_mlp_search(
         weights,
         float(reward_eps),
         float(value_eps),
+        root_name,
+        root_params,
+        interior_name,
+        interior_params,
+        _extra(tree, root_rule, interior_rule),
+    )
+
+
+#: The node-state keys of an EfficientZero tree (``tree.embeddings``), in ``ez_search``'s order.
+EZ_STATE_KEYS = ("latent", "lstm_h", "lstm_c", "value_prefix", "steps")
+
+
+def cpp_ez_search(tree: Tree, fused: tuple, root_rule, interior_rule) -> None:
+    """Every simulation of a search for ``EfficientZeroMLPModel`` (one hidden layer) in one C++ call, in place.
+
+    As :func:`cpp_mlp_search`, for the value-prefix model: ``fused`` is
+    ``model.fused_value_prefix_weights()`` and ``tree.embeddings`` the
+    TensorDict node state of ``search_root`` (``[B, N]`` leaves
+    :data:`EZ_STATE_KEYS`, contiguous), which the kernel fills for every new
+    node as ``search_step`` would (LSTM state and prefix reset every
+    ``lstm_horizon_len`` steps). The edge reward is the prefix difference.
+    Raises ``RuntimeError`` if the kernel was built without it.
+    """
+    ops = _require()
+    if not hasattr(ops, "ez_search"):
+        raise RuntimeError("the C++ tree kernel was built without the fused EfficientZero search")
+    tensors, reward_eps, value_eps, ln_eps, horizon = fused
+    root_name, root_params = cpp_rule_args(root_rule)
+    interior_name, interior_params = cpp_rule_args(interior_rule)
+    ops.ez_search(
+        tree.visit_count,
+        tree.value_sum,
+        tree.parent,
+        tree.action_from_parent,
+        tree.children_index,
+        tree.children_prior,
+        tree.children_reward,
+        tree.children_discount,
+        tree.children_logits,
+        tree.raw_value,
+        tree.min_q,
+        tree.max_q,
+        tree.root_legal,
+        *(tree.embeddings.get(key) for key in EZ_STATE_KEYS),
+        tensors,
+        float(reward_eps),
+        float(value_eps),
+        float(ln_eps),
+        int(horizon),
         root_name,
         root_params,
         interior_name,

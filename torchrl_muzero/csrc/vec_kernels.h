@@ -1,0 +1,262 @@
+// Vector building blocks of the fused searches' network steps (mlp_net.cpp,
+// ez_net.cpp): GCC/Clang vector types 4 or 8 floats wide, the Cephes-style
+// exp, the bin expectation of a categorical head and the register-tiled
+// linear layer over k-major weights (Dense, mlp_net.h), plus packing helpers.
+// Everything is a template or inline so that each network step instantiates
+// it for the 4-wide baseline and inside its AVX2 function (where it takes
+// that function's target). The float32 contract (fixed summation order,
+// every product rounded before its addition) is described in mlp_net.h.
+#pragma once
+
+#include "mlp_net.h"
+
+#include <cstring>
+
+#ifdef MZ_HAVE_MLP_SEARCH
+
+#if defined(__x86_64__) || defined(__i386__)
+#define MZ_X86_AVX2_PATH 1
+#endif
+#define MZ_INLINE inline __attribute__((always_inline))
+
+namespace tree_ops {
+namespace vec {
+
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+// The kernels are templates over the vector type: 4 floats for the baseline
+// build (SSE2 / NEON registers), 8 for the AVX2 instantiation. Every result
+// is the same for both (checked by test_fused_search.py): a linear layer's
+// outputs are independent lanes, and the decode's sums are split into 8
+// partial sums whatever the width.
+template <class V>
+struct Lanes;
+template <>
+struct Lanes<v4f> {
+  using I = v4i;
+  static constexpr int W = 4;
+};
+template <>
+struct Lanes<v8f> {
+  using I = v8i;
+  static constexpr int W = 8;
+};
+
+template <class V>
+MZ_INLINE V vload(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <class V>
+MZ_INLINE void vstore(float* p, V v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+template <class V>
+MZ_INLINE V vsplat(float x) {
+  return x - V{};  // x - 0 == x for every x, -0 included
+}
+// The first `count` (0 .. W) floats of p, the other lanes `fill`.
+template <class V>
+MZ_INLINE V vload_partial(const float* p, int64_t count, float fill) {
+  V v = vsplat<V>(fill);
+  for (int64_t i = 0; i < count; ++i) v[i] = p[i];
+  return v;
+}
+template <class V>
+MZ_INLINE V vmax(V a, V b) {
+  return a > b ? a : b;
+}
+template <class V>
+MZ_INLINE V vmin(V a, V b) {
+  return a < b ? a : b;
+}
+
+// exp(x) for x in [-87, 88], as Cephes' expf:
+// x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2, exp(r) from its
+// polynomial, times 2^n built in the exponent bits. Rounding uses the
+// 1.5 * 2^23 shifter (the float sum's last bits are n + 127), which needs no
+// float-int conversion or floor. Exactly 1 at 0.
+template <class V>
+MZ_INLINE V exp_in_range(V x) {
+  using I = typename Lanes<V>::I;
+  const float shifter = 12582912.0f + 127.0f;  // 1.5 * 2^23, plus the exponent bias
+  V kf = x * 1.44269504088896341f + shifter;
+  const I biased_n = (I)kf;  // a vector cast reinterprets the bits
+  kf = kf - shifter;         // n, as a float
+  x = x - kf * 0.693359375f;
+  x = x - kf * -2.12194440e-4f;
+  const V z = x * x;
+  V y = vsplat<V>(1.9875691500e-4f);
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * z + x + 1.0f;
+  return y * (V)((biased_n & 0xff) << 23);  // 2^n
+}
+
+// exp(x) for x <= 0 (a logit minus its row maximum). Inputs below -87
+// (exp(-inf) included) are clamped there: exp(-87) ~ 1.6e-38 vanishes next to
+// the row maximum's 1.
+template <class V>
+MZ_INLINE V exp_nonpos(V x) {
+  return exp_in_range(vmax(x, vsplat<V>(-87.0f)));
+}
+
+// E[bin] under softmax(z[0:n]): sum(e_i * bin_i) / sum(e_i), each sum kept
+// as 8 partial sums (element i goes to partial i mod 8) added up in a fixed
+// tree at the end.
+template <class V>
+MZ_INLINE float bin_expectation(const float* z, const float* bins, int64_t n) {
+  constexpr int W = Lanes<V>::W, R = 8 / W;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int64_t full = n & ~int64_t{7};
+  V m = vsplat<V>(neg_inf);
+  for (int64_t i = 0; i < n; i += W)
+    m = vmax(m, i + W <= n ? vload<V>(z + i)
+                           : vload_partial<V>(z + i, n - i, neg_inf));
+  float mx = m[0];
+  for (int l = 1; l < W; ++l) mx = m[l] > mx ? m[l] : mx;
+  V s0[R], s1[R];
+  for (int r = 0; r < R; ++r) s0[r] = s1[r] = vsplat<V>(0.0f);
+  for (int64_t i = 0; i < full; i += 8) {
+    for (int r = 0; r < R; ++r) {
+      const V e = exp_nonpos(vload<V>(z + i + r * W) - mx);
+      s0[r] += e;
+      s1[r] += e * vload<V>(bins + i + r * W);
+    }
+  }
+  if (full < n) {  // every partial sum takes one more term, padding included
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = full + r * W;
+      const int64_t count = std::max<int64_t>(0, std::min<int64_t>(W, n - at));
+      const V e = exp_nonpos(vload_partial<V>(z + at, count, neg_inf) - mx);
+      s0[r] += e;
+      s1[r] += e * vload_partial<V>(bins + at, count, 0.0f);
+    }
+  }
+  float p0[8], p1[8];
+  for (int l = 0; l < 8; ++l) {
+    p0[l] = s0[l / W][l % W];
+    p1[l] = s1[l / W][l % W];
+  }
+  const float sum0 = ((p0[0] + p0[1]) + (p0[2] + p0[3])) + ((p0[4] + p0[5]) + (p0[6] + p0[7]));
+  const float sum1 = ((p1[0] + p1[1]) + (p1[2] + p1[3])) + ((p1[4] + p1[5]) + (p1[6] + p1[7]));
+  return sum1 / sum0;
+}
+
+// The NS x (W * NV) output tile (rows x[s], outputs j0 ..): accumulate over
+// k, then + bias, + extra[s] (the action column), ReLU.
+template <class V, int NS, int NV>
+MZ_INLINE void dense_tile(const Dense& d, const float* const* x, int64_t j0,
+                          const float* const* extra, bool relu,
+                          float* const* y) {
+  constexpr int W = Lanes<V>::W;
+  V acc[NS][NV];
+  for (int s = 0; s < NS; ++s)
+    for (int v = 0; v < NV; ++v) acc[s][v] = vsplat<V>(0.0f);
+  const float* w = d.wt.data() + j0;
+  for (int64_t k = 0; k < d.K; ++k, w += d.J) {
+    V wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = vload<V>(w + W * v);
+    for (int s = 0; s < NS; ++s) {
+      const float xs = x[s][k];
+      for (int v = 0; v < NV; ++v) acc[s][v] += wv[v] * xs;
+    }
+  }
+  for (int s = 0; s < NS; ++s) {
+    for (int v = 0; v < NV; ++v) {
+      const int64_t j = j0 + W * v;
+      V out = acc[s][v] + vload<V>(d.bias.data() + j);
+      if (extra != nullptr) out += vload<V>(extra[s] + j);
+      if (relu) out = out > 0.0f ? out : vsplat<V>(0.0f);
+      vstore(y[s] + j, out);
+    }
+  }
+}
+
+// Fewer than 4 rows: wide tiles, so that 8-9 independent accumulators hide
+// the addition latency.
+template <class V, int NS>
+MZ_INLINE void dense_few(const Dense& d, const float* const* x,
+                         const float* const* extra, bool relu,
+                         float* const* y) {
+  constexpr int W = Lanes<V>::W;
+  constexpr int NV = NS == 1 ? 8 : (NS == 2 ? 4 : 3);
+  int64_t j0 = 0;
+  for (; j0 + W * NV <= d.J; j0 += W * NV)
+    dense_tile<V, NS, NV>(d, x, j0, extra, relu, y);
+  for (; j0 < d.J; j0 += W) dense_tile<V, NS, 1>(d, x, j0, extra, relu, y);
+}
+
+// y[s] = layer(x[s]) for n rows. With 4+ rows: column panels of 2 vectors in
+// the outer loop (a panel's weights, K x 64 bytes at most, stay in L1 while
+// every row block uses them), 4-row blocks inside: 8 accumulators, 2 weight
+// loads and 4 broadcasts per k. (4 x 3 tiles measured no faster: the loop is
+// bound by the multiply and add ports.)
+template <class V>
+MZ_INLINE void dense(const Dense& d, int64_t n, const float* const* x,
+                     const float* const* extra, bool relu, float* const* y) {
+  constexpr int W = Lanes<V>::W;
+  if (n < 4) {
+    if (n == 3) dense_few<V, 3>(d, x, extra, relu, y);
+    if (n == 2) dense_few<V, 2>(d, x, extra, relu, y);
+    if (n == 1) dense_few<V, 1>(d, x, extra, relu, y);
+    return;
+  }
+  for (int64_t j0 = 0; j0 < d.J; j0 += 2 * W) {
+    int64_t s = 0;
+    for (; s + 4 <= n; s += 4)
+      dense_tile<V, 4, 2>(d, x + s, j0, extra ? extra + s : nullptr, relu, y + s);
+    const float* const* ex = extra ? extra + s : nullptr;
+    switch (n - s) {
+      case 3: dense_tile<V, 3, 2>(d, x + s, j0, ex, relu, y + s); break;
+      case 2: dense_tile<V, 2, 2>(d, x + s, j0, ex, relu, y + s); break;
+      case 1: dense_tile<V, 1, 2>(d, x + s, j0, ex, relu, y + s); break;
+      default: break;
+    }
+  }
+}
+
+// A weight tensor of the expected shape, contiguous float32 on the CPU
+// (`who` names the caller in the message).
+inline void check_weight(const at::Tensor& t, const char* name, at::IntArrayRef shape,
+                         const char* who = "mlp_search") {
+  TORCH_CHECK(t.defined() && t.device().is_cpu() &&
+                  t.scalar_type() == at::kFloat && t.is_contiguous(),
+              who, ": `", name,
+              "` must be a contiguous float32 CPU tensor, got ", t.scalar_type(),
+              " on ", t.device());
+  TORCH_CHECK(t.sizes() == shape, who, ": `", name, "` must have shape ",
+              shape, ", got ", t.sizes());
+}
+
+// Copy rows [row0, row0 + J) x columns [col0, col0 + K) of the [out, in]
+// matrix w (row stride ld) into d.wt (k-major) at output offset j_off.
+inline void pack_block(Dense& d, const float* w, int64_t ld, int64_t row0,
+                int64_t col0, int64_t J, int64_t K, const float* bias,
+                int64_t j_off) {
+  for (int64_t j = 0; j < J; ++j) {
+    const float* src = w + (row0 + j) * ld + col0;
+    for (int64_t k = 0; k < K; ++k) d.wt[k * d.J + j_off + j] = src[k];
+  }
+  for (int64_t j = 0; j < J; ++j) d.bias[j_off + j] = bias[row0 + j];
+}
+
+inline void init_dense(Dense& d, int64_t K, int64_t J) {
+  d.K = K;
+  d.J = round_up16(J);
+  d.wt.assign(static_cast<size_t>(K * d.J), 0.0f);
+  d.bias.assign(static_cast<size_t>(d.J), 0.0f);
+}
+
+
+}  // namespace vec
+}  // namespace tree_ops
+
+#endif  // MZ_HAVE_MLP_SEARCH
