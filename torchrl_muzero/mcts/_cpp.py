@@ -41,6 +41,7 @@ __all__ = [
     "cpp_expand_and_backup",
     "cpp_mlp_search",
     "cpp_ez_search",
+    "EZ_STATE_KEYS",
     "bind_cpp_search",
 ]
 

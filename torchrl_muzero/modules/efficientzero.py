@@ -200,7 +200,8 @@ class EfficientZeroModel(MuZeroModel):
         )
 
     def fused_search_weights(self) -> None:
-        """``None``: the fused C++ search only knows MuZero's reward head."""
+        """``None``: MuZero's fused C++ search reads a reward head (the MLP model has
+        :meth:`EfficientZeroMLPModel.fused_value_prefix_weights` for its own fused search)."""
         return None
 
     # -- search API ----------------------------------------------------------------------
