@@ -18,14 +18,16 @@ logits (no representation call).
 
 Ours: ``cpp`` is the fused C++ search (network in the kernel), ``cpp-loop``
 the C++ tree with the model called from Python per simulation, ``torch`` the
-tree in tensor ops; Gumbel MuZero runs over the shared loop (its ``cpp``
-backend still selects in torch, see ``gumbel_muzero_search``). Stochastic
-MuZero's ``cpp`` is its own fused search (``csrc/stochastic_search.cpp``: the
-afterstate and chance steps in the kernel), ``cpp-loop`` its C++ chance / pUCT
-rules around the torch model called per simulation; it uses its own exported
-network (``export_case.py``: C = 32 chance codes), and so does EfficientZero
-(a 64-unit value-prefix LSTM reset every 5 steps), searched by MuZero's policy
-(``muzero_search``) over the C++ tree loop or torch.
+tree in tensor ops. Gumbel MuZero runs over the shared loop, fused in C++
+with the network (``cpp``). Stochastic MuZero's ``cpp`` is its own fused
+search (``csrc/stochastic_search.cpp``: the afterstate and chance steps in the
+kernel), ``cpp-loop`` its C++ chance / pUCT rules around the torch model
+called per simulation; it uses its own exported network (``export_case.py``:
+C = 32 chance codes), and so does EfficientZero (a 64-unit value-prefix LSTM
+reset every 5 steps), searched by MuZero's policy (``muzero_search``):
+``cpp`` is its fused C++ search (the LSTM step in the kernel,
+``csrc/ez_net.h``), ``cpp-loop`` the C++ tree with the model's
+``search_step`` called per simulation, ``torch`` the tensor ops.
 """
 from __future__ import annotations
 
@@ -141,19 +143,24 @@ def _our_runs(case: dict, variants: list[str]):
             ez = export_case.canonical_efficientzero_model()
             ez_t = {k: torch.from_numpy(v) for k, v in case.items() if k.startswith("ez_") and "_B" in k}
             K = int(case["lstm_hidden_size"])
-            for backend in (["cpp"] if has_cpp else []) + ["torch"]:
-                cfg = MCTSConfig(num_simulations=sims, backend=backend)  # no fused search: the C++ tree loop
+            fused = has_cpp and getattr(ez, "fused_value_prefix_weights", lambda: None)() is not None
+            for backend in (["cpp"] if fused else []) + (["cpp-loop"] if has_cpp else []) + ["torch"]:
+                cfg = MCTSConfig(num_simulations=sims, backend=backend.split("-")[0])
+                m = ez
+                if backend == "cpp-loop":  # the C++ tree with the model called per simulation
+                    m = export_case.canonical_efficientzero_model()
+                    m.fused_value_prefix_weights = lambda: None
 
                 @torch.no_grad()
-                def run(B, cfg=cfg):
+                def run(B, cfg=cfg, m=m):
                     latent, value = ez_t[f"ez_latent_B{B}"], ez_t[f"ez_value_B{B}"]
                     state = TensorDict({"latent": latent, "lstm_h": torch.zeros(B, K), "lstm_c": torch.zeros(B, K),
                                         "value_prefix": torch.zeros(B), "steps": torch.zeros(B, dtype=torch.long)},
                                        [B])
                     root = ModelStep(state, torch.zeros_like(value), ez_t[f"ez_policy_logits_B{B}"], value)
-                    return muzero_search(ez, root, cfg, generator=gen).visit_counts
+                    return muzero_search(m, root, cfg, generator=gen).visit_counts
 
-                runs[("ours-cpp-loop" if backend == "cpp" else "ours-torch", "efficientzero")] = run
+                runs[(f"ours-{backend}", "efficientzero")] = run
     return model, runs
 
 

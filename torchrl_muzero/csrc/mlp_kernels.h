@@ -73,18 +73,20 @@ template <class V>
 MZ_INLINE V vmax(V a, V b) {
   return a > b ? a : b;
 }
+template <class V>
+MZ_INLINE V vmin(V a, V b) {
+  return a < b ? a : b;
+}
 
-// exp(x) for x <= 0 (a logit minus its row maximum), as Cephes' expf:
+// exp(x) for x in [-87, 88], as Cephes' expf:
 // x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2, exp(r) from its
 // polynomial, times 2^n built in the exponent bits. Rounding uses the
 // 1.5 * 2^23 shifter (the float sum's last bits are n + 127), which needs no
-// float-int conversion or floor. Inputs below -87 (exp(-inf) included) are
-// clamped there: exp(-87) ~ 1.6e-38 vanishes next to the row maximum's 1.
-// Exactly 1 at 0.
+// float-int conversion or floor. Exactly 1 at 0. (The LSTM's sigmoid / tanh
+// of ez_net.cpp call it on clamped inputs of both signs.)
 template <class V>
-MZ_INLINE V exp_nonpos(V x) {
+MZ_INLINE V exp_in_range(V x) {
   using I = typename Lanes<V>::I;
-  x = vmax(x, vsplat<V>(-87.0f));
   const float shifter = 12582912.0f + 127.0f;  // 1.5 * 2^23, plus the exponent bias
   V kf = x * 1.44269504088896341f + shifter;
   const I biased_n = (I)kf;  // a vector cast reinterprets the bits
@@ -100,6 +102,14 @@ MZ_INLINE V exp_nonpos(V x) {
   y = y * x + 5.0000001201e-1f;
   y = y * z + x + 1.0f;
   return y * (V)((biased_n & 0xff) << 23);  // 2^n
+}
+
+// exp(x) for x <= 0 (a logit minus its row maximum). Inputs below -87
+// (exp(-inf) included) are clamped there: exp(-87) ~ 1.6e-38 vanishes next to
+// the row maximum's 1.
+template <class V>
+MZ_INLINE V exp_nonpos(V x) {
+  return exp_in_range(vmax(x, vsplat<V>(-87.0f)));
 }
 
 // E[bin] under softmax(z[0:n]): sum(e_i * bin_i) / sum(e_i), each sum kept

@@ -19,11 +19,13 @@
 //   dispatch.h     rule names and parameter counts, with_rules(): from the
 //                  names to the template instantiation;
 //   mlp_net.*      the fused MLP search's network step;
-//   mlp_kernels.h  the vector kernels both fused networks use (linear layer,
-//                  support decode);
+//   mlp_kernels.h  the vector kernels every fused network uses (linear layer,
+//                  support decode, exp);
 //   mlp_search.cpp the fused search (reuses select_in_tree and the backup);
 //   stochastic_net.*, stochastic_search.cpp
-//                  the same for Stochastic MuZero's two-kind step.
+//                  the same for Stochastic MuZero's two-kind step;
+//   ez_net.*       EfficientZero's value-prefix step (LSTM, LayerNorm);
+//   ez_search.cpp  the fused EfficientZero search.
 //
 // `select` and `mlp_search` take the two rules by name plus their float
 // parameters (mcts/rules.py's `cpp_rule` / `cpp_params`) and the tensors of
@@ -35,10 +37,11 @@
 
 namespace tree_ops {
 
-// Defined in mlp_search.cpp and stochastic_search.cpp (empty without
-// GCC/Clang vector extensions).
+// Defined in mlp_search.cpp, stochastic_search.cpp and ez_search.cpp (empty
+// without GCC/Clang vector extensions).
 void register_mlp(pybind11::module_& m);
 void register_stochastic(pybind11::module_& m);
+void register_ez(pybind11::module_& m);
 
 namespace {
 
@@ -188,4 +191,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("edge_discount") = py::none());
   tree_ops::register_mlp(m);
   tree_ops::register_stochastic(m);
+  tree_ops::register_ez(m);
 }

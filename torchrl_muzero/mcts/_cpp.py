@@ -41,6 +41,8 @@ __all__ = [
     "cpp_expand_and_backup",
     "cpp_mlp_search",
     "cpp_stochastic_search",
+    "cpp_ez_search",
+    "EZ_STATE_KEYS",
     "bind_cpp_search",
 ]
 
@@ -49,7 +51,8 @@ __all__ = [
 _EXPECTED_VERSION = 2
 
 # The kernel's translation units (keep in step with setup.py's list).
-_SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp", "stochastic_net.cpp", "stochastic_search.cpp")
+_SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp", "stochastic_net.cpp", "stochastic_search.cpp",
+            "ez_net.cpp", "ez_search.cpp")
 
 _lock = threading.Lock()
 _loaded = False  # the load is attempted once per process; failures are sticky
@@ -308,6 +311,27 @@ def bind_cpp_search(tree: Tree, root_rule, interior_rule):
     return select, expand_and_backup
 
 
+def _fused_tree_arrays(tree: Tree) -> tuple[torch.Tensor, ...]:
+    """The tree arrays every fused search takes first, in the kernels' order."""
+    return (tree.visit_count, tree.value_sum, tree.parent, tree.action_from_parent, tree.children_index,
+            tree.children_prior, tree.children_reward, tree.children_discount, tree.children_logits,
+            tree.raw_value, tree.min_q, tree.max_q, tree.root_legal)
+
+
+def _fused_rule_arguments(tree: Tree, root_rule, interior_rule) -> tuple:
+    """The rule names, their parameters and ``tree.extra``'s tensors every fused search takes last."""
+    root_name, root_params = cpp_rule_args(root_rule)
+    interior_name, interior_params = cpp_rule_args(interior_rule)
+    return root_name, root_params, interior_name, interior_params, _extra(tree, root_rule, interior_rule)
+
+
+def _fused_kernel(name: str, what: str):
+    ops = _require()
+    if not hasattr(ops, name):
+        raise RuntimeError(f"the C++ tree kernel was built without the fused {what} search")
+    return getattr(ops, name)
+
+
 def cpp_mlp_search(
     tree: Tree, weights: list[torch.Tensor], reward_eps: float, value_eps: float, root_rule, interior_rule
 ) -> None:
@@ -321,34 +345,9 @@ def cpp_mlp_search(
     rules are taken as by :func:`cpp_select`. Raises ``RuntimeError`` if the
     kernel was built without the fused search.
     """
-    ops = _require()
-    if not hasattr(ops, "mlp_search"):
-        raise RuntimeError("the C++ tree kernel was built without the fused MLP search")
-    root_name, root_params = cpp_rule_args(root_rule)
-    interior_name, interior_params = cpp_rule_args(interior_rule)
-    ops.mlp_search(
-        tree.visit_count,
-        tree.value_sum,
-        tree.parent,
-        tree.action_from_parent,
-        tree.children_index,
-        tree.children_prior,
-        tree.children_reward,
-        tree.children_discount,
-        tree.children_logits,
-        tree.raw_value,
-        tree.min_q,
-        tree.max_q,
-        tree.root_legal,
-        tree.embeddings,
-        weights,
-        float(reward_eps),
-        float(value_eps),
-        root_name,
-        root_params,
-        interior_name,
-        interior_params,
-        _extra(tree, root_rule, interior_rule),
+    _fused_kernel("mlp_search", "MLP")(
+        *_fused_tree_arrays(tree), tree.embeddings, weights, float(reward_eps), float(value_eps),
+        *_fused_rule_arguments(tree, root_rule, interior_rule),
     )
 
 
@@ -373,34 +372,31 @@ def cpp_stochastic_search(
     taken as by :func:`cpp_select` (``"is_chance"`` is the node state's).
     Raises ``RuntimeError`` if the kernel was built without it.
     """
-    ops = _require()
-    if not hasattr(ops, "stochastic_search"):
-        raise RuntimeError("the C++ tree kernel was built without the fused Stochastic MuZero search")
-    root_name, root_params = cpp_rule_args(root_rule)
-    interior_name, interior_params = cpp_rule_args(interior_rule)
-    ops.stochastic_search(
-        tree.visit_count,
-        tree.value_sum,
-        tree.parent,
-        tree.action_from_parent,
-        tree.children_index,
-        tree.children_prior,
-        tree.children_reward,
-        tree.children_discount,
-        tree.children_logits,
-        tree.raw_value,
-        tree.min_q,
-        tree.max_q,
-        tree.root_legal,
-        tree.embeddings.get("latent"),
-        tree.embeddings.get("is_chance"),
-        weights,
-        float(reward_eps),
-        float(value_eps),
-        float(discount),
-        root_name,
-        root_params,
-        interior_name,
-        interior_params,
-        _extra(tree, root_rule, interior_rule),
+    _fused_kernel("stochastic_search", "Stochastic MuZero")(
+        *_fused_tree_arrays(tree), tree.embeddings.get("latent"), tree.embeddings.get("is_chance"), weights,
+        float(reward_eps), float(value_eps), float(discount),
+        *_fused_rule_arguments(tree, root_rule, interior_rule),
+    )
+
+
+#: The node-state keys of an EfficientZero tree (``tree.embeddings``), in ``ez_search``'s order.
+EZ_STATE_KEYS = ("latent", "lstm_h", "lstm_c", "value_prefix", "steps")
+
+
+def cpp_ez_search(tree: Tree, fused: tuple, root_rule, interior_rule) -> None:
+    """Every simulation of a search for ``EfficientZeroMLPModel`` (one hidden layer) in one C++ call, in place.
+
+    As :func:`cpp_mlp_search`, for the value-prefix model: ``fused`` is
+    ``model.fused_value_prefix_weights()`` and ``tree.embeddings`` the
+    TensorDict node state of ``search_root`` (``[B, N]`` leaves
+    :data:`EZ_STATE_KEYS`, contiguous), which the kernel fills for every new
+    node as ``search_step`` would (LSTM state and prefix reset every
+    ``lstm_horizon_len`` steps). The edge reward is the prefix difference.
+    Raises ``RuntimeError`` if the kernel was built without it.
+    """
+    tensors, reward_eps, value_eps, ln_eps, horizon = fused
+    _fused_kernel("ez_search", "EfficientZero")(
+        *_fused_tree_arrays(tree), *(tree.embeddings.get(key) for key in EZ_STATE_KEYS), tensors,
+        float(reward_eps), float(value_eps), float(ln_eps), int(horizon),
+        *_fused_rule_arguments(tree, root_rule, interior_rule),
     )

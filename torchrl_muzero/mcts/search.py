@@ -5,13 +5,15 @@ every tree with pUCT, calls the model's search step once for the whole batch,
 expands and backs up in place. The tree bookkeeping runs either in the C++
 kernel (CPU) or in batched torch ops (any device); both give the same visit
 counts. With the C++ kernel, a ``MuZeroMLPModel`` with one hidden layer is
-searched in a single C++ call, network included (``_fused_mlp_weights``).
+searched in a single C++ call, network included (``_fused_mlp_weights``), and so
+is an ``EfficientZeroMLPModel`` with one hidden layer (``_fused_value_prefix_weights``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from tensordict import TensorDictBase
 
 from torchrl_muzero.mcts import _cpp
 from torchrl_muzero.mcts.config import MCTSConfig
@@ -98,6 +100,29 @@ def _fused_mlp_weights(model, ops, tree: Tree):
     return get()
 
 
+def _fused_value_prefix_weights(model, ops, tree: Tree):
+    """The weights for the C++ fused EfficientZero search when it can run this search, else ``None``.
+
+    As :func:`_fused_mlp_weights`, for models that offer
+    ``fused_value_prefix_weights()`` (``EfficientZeroMLPModel`` with one
+    hidden layer, float32) on a tree whose node state is the TensorDict of
+    ``search_root`` (latent, LSTM state, prefix, steps; contiguous CPU leaves
+    of the dtypes the kernel reads).
+    """
+    if ops is None or not hasattr(ops, "ez_search") or not isinstance(tree.embeddings, TensorDictBase):
+        return None
+    get = getattr(model, "fused_value_prefix_weights", None)
+    if get is None or set(tree.embeddings.keys()) != set(_cpp.EZ_STATE_KEYS):
+        return None
+    leaves = [tree.embeddings.get(key) for key in _cpp.EZ_STATE_KEYS]
+    dtypes = (torch.float32,) * 4 + (torch.int64,)
+    if any(not isinstance(t, torch.Tensor) or t.dtype != d or not t.is_contiguous() for t, d in zip(leaves, dtypes)):
+        return None
+    if leaves[0].dim() != 3:
+        return None
+    return get()
+
+
 def check_action_mask(action_mask: torch.Tensor | None, B: int, A: int, device) -> torch.Tensor:
     """``[B, A]`` bool legal actions (all legal for ``None``); one clear error for a bad mask."""
     if action_mask is None:
@@ -147,17 +172,23 @@ def run_rules(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, d
     """Run a prepared tree's simulations on the fastest path for ``config.backend`` and the model.
 
     The fused C++ search (network included) when the model offers
-    ``fused_search_weights`` and the kernel knows both rules, else the shared
+    ``fused_search_weights`` (MuZero) or ``fused_value_prefix_weights``
+    (EfficientZero) and the kernel knows both rules, else the shared
     loop (:func:`~torchrl_muzero.mcts.loop.run_search`) with the C++ or torch
     bookkeeping. Every variant policy ends its preparation here.
     """
     ops = _resolve_backend(config, tree.visit_count.device)
-    fused = _fused_mlp_weights(model, ops, tree)
-    if fused is not None and cpp_rules_supported(ops, root_rule, interior_rule):
+    if cpp_rules_supported(ops, root_rule, interior_rule):
         # Every simulation in one C++ call (select, network, expand, backup).
-        tensors, reward_eps, value_eps = fused
-        _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule)
-        return tree
+        fused = _fused_mlp_weights(model, ops, tree)
+        if fused is not None:
+            tensors, reward_eps, value_eps = fused
+            _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule)
+            return tree
+        fused = _fused_value_prefix_weights(model, ops, tree)
+        if fused is not None:
+            _cpp.cpp_ez_search(tree, fused, root_rule, interior_rule)
+            return tree
     return run_search(tree, step_of(model), config.num_simulations, root_rule, interior_rule, discount, ops)
 
 

@@ -200,7 +200,8 @@ class EfficientZeroModel(MuZeroModel):
         )
 
     def fused_search_weights(self) -> None:
-        """``None``: the fused C++ search only knows MuZero's reward head."""
+        """``None``: MuZero's fused C++ search reads a reward head (the MLP model has
+        :meth:`EfficientZeroMLPModel.fused_value_prefix_weights` for its own fused search)."""
         return None
 
     # -- search API ----------------------------------------------------------------------
@@ -328,6 +329,77 @@ class EfficientZeroMLPModel(EfficientZeroModel, MuZeroMLPModel):
 
     def value_prefix_features(self, next_latent: torch.Tensor) -> torch.Tensor:
         return next_latent
+
+    def fused_value_prefix_weights(self) -> tuple[list[torch.Tensor], float, float, float, int] | None:
+        """What the C++ fused EfficientZero search needs to run this model, or ``None`` when it cannot.
+
+        The fused search (``ez_search``, ``torchrl_muzero/csrc/ez_net.h``)
+        runs every simulation of a CPU search in one C++ call with its own
+        loops for :meth:`search_step`'s arithmetic (dynamics, LSTM cell,
+        LayerNorm value-prefix head, prediction, the reset every
+        ``lstm_horizon_len`` steps). It knows one hidden layer per network
+        (``num_layers == 1``) in float32 on the CPU; a subclass that overrides
+        any part of the step is not this model any more, so it gets ``None``
+        and the search calls it per simulation. (:meth:`fused_search_weights`
+        stays ``None``: MuZero's fused kernel reads a reward head.)
+
+        Returns ``(tensors, reward_epsilon, value_epsilon, layer_norm_eps,
+        lstm_horizon_len)`` with ``tensors`` in the kernel's order: dynamics
+        (W1 ``[H, L + A]``, b1, W2, b2), LSTM (``weight_ih``, ``weight_hh``,
+        ``bias_ih``, ``bias_hh``), LayerNorm (weight, bias), value-prefix MLP
+        (W1, b1, W2, b2), prediction trunk (W, b), joint policy+value head
+        (W, b), reward bins, value bins.
+
+        Examples:
+            >>> from torchrl_muzero.modules import EfficientZeroMLPModel
+            >>> model = EfficientZeroMLPModel((4,), 2, latent_dim=8, hidden_dim=8, lstm_hidden_size=8)
+            >>> tensors, reward_eps, value_eps, ln_eps, horizon = model.fused_value_prefix_weights()
+            >>> len(tensors), horizon
+            (20, 5)
+            >>> EfficientZeroMLPModel((4,), 2, num_layers=2).fused_value_prefix_weights() is None
+            True
+        """
+        cls, base = type(self), EfficientZeroMLPModel
+        overridden = any(
+            getattr(cls, name) is not getattr(owner, name)
+            for owner, name in (
+                (EfficientZeroModel, "search_step"), (EfficientZeroModel, "dynamics_prefix"),
+                (base, "transition"), (base, "value_prefix_features"), (MuZeroMLPModel, "predict"),
+                (MuZeroModel, "decode_reward_and_value"), (EfficientZeroModel, "reset_lstm_state"),
+            )
+        )
+        head, lstm = self.value_prefix_head, self.value_prefix_lstm
+        if (
+            overridden
+            or type(lstm) is not nn.LSTMCell
+            or lstm.bias_ih is None
+            or len(self.dynamics_net) != 3
+            or len(head) != 5
+            or type(head[0]) is not nn.LayerNorm
+            or head[0].weight is None
+            or head[0].bias is None
+            or tuple(head[0].normalized_shape) != (self.lstm_hidden_size,)
+        ):
+            return None
+        first, _, last = self.dynamics_net
+        ln, _, v1, _, v2 = head
+        p1 = self.prediction_trunk[0]
+        tensors = [
+            first.weight, first.bias, last.weight, last.bias,
+            lstm.weight_ih, lstm.weight_hh, lstm.bias_ih, lstm.bias_hh,
+            ln.weight, ln.bias, v1.weight, v1.bias, v2.weight, v2.bias,
+            p1.weight, p1.bias, self.prediction_head.weight, self.prediction_head.bias,
+            self.reward_support.bins, self.value_support.bins,
+        ]
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+            return None
+        return (
+            [t.detach().contiguous() for t in tensors],
+            self.reward_support.epsilon,
+            self.value_support.epsilon,
+            float(ln.eps),
+            self.lstm_horizon_len,
+        )
 
 
 class EfficientZeroResNetModel(EfficientZeroModel, MuZeroResNetModel):
