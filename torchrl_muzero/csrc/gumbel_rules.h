@@ -52,11 +52,61 @@ inline void softmax_into(const float* x, int64_t A, float* out) {
   for (int64_t a = 0; a < A; ++a) out[a] = out[a] * inv;
 }
 
+// softmax(children_logits[node]) per node, computed the first time a rule
+// reads a node and kept for the rest of the call. A node's logits are
+// written once, when it is expanded, before any descent can reach it (the
+// fused search writes them right after the network step), so the cached
+// prior is the one softmax_into would compute now, bit for bit. Gumbel trees
+// are about twice as deep as pUCT's (the interior rule is deterministic),
+// and this softmax was half the rule's exp() calls at every node.
+class PriorCache {
+ public:
+  // `slot` names this cache's per-thread buffers (0: the root rule's, 1: the
+  // interior rule's; both live during one call). Reusing them across calls
+  // keeps a select() call, which reads each node at most once and so gains
+  // nothing from the cache, from paying an allocation; only the B * nodes
+  // flags are cleared per call.
+  PriorCache(int slot, int64_t B, int64_t nodes, int64_t A)
+      : nodes_(nodes), A_(A) {
+    Buffers& buf = buffers(slot);
+    const size_t flags = static_cast<size_t>(B * nodes);
+    if (buf.prior.size() < flags * static_cast<size_t>(A))
+      buf.prior.resize(flags * static_cast<size_t>(A));
+    buf.ready.assign(flags, 0);
+    prior_ = buf.prior.data();
+    ready_ = buf.ready.data();
+  }
+
+  // softmax(logits[node]) of tree t.b (node < nodes).
+  const float* get(const Row& t, int64_t node) const {
+    const int64_t k = t.b * nodes_ + node;
+    float* p = prior_ + k * A_;
+    if (!ready_[k]) {
+      softmax_into(t.lg + node * t.A, t.A, p);
+      ready_[k] = 1;
+    }
+    return p;
+  }
+
+ private:
+  struct Buffers {
+    std::vector<float> prior;
+    std::vector<uint8_t> ready;
+  };
+  static Buffers& buffers(int slot) {
+    thread_local Buffers slots[2];
+    return slots[slot];
+  }
+  int64_t nodes_, A_;
+  float* prior_;
+  uint8_t* ready_;
+};
+
 // sigma(completedQ) [A] of the edges below `node` into sigma, the child
-// visits into visits; returns sum(visits). `prior` is A floats of scratch.
+// visits into visits; returns sum(visits). `prior` is softmax(logits[node]).
 inline float sigma_completed_q(const Row& t, int64_t node,
                                const GumbelParams& g, float* sigma,
-                               float* visits, float* prior) {
+                               float* visits, const float* prior) {
   const int64_t A = t.A;
   const float* cr = t.cr + node * A;
   const float* cd = t.cd + node * A;
@@ -70,7 +120,6 @@ inline float sigma_completed_q(const Row& t, int64_t node,
     sum_n += n;
     max_n = std::max(max_n, n);
   }
-  softmax_into(t.lg + node * A, A, prior);
   const float tiny = std::numeric_limits<float>::min();
   float sum_p = 0.0f;
   for (int64_t a = 0; a < A; ++a)
@@ -105,14 +154,17 @@ struct GumbelScratch {
 struct GumbelInteriorRule {
   GumbelParams g;
   GumbelScratch sc;
-  GumbelInteriorRule(const RuleSpec& s, const TreeArrays& t) : g(s), sc(t.A) {}
+  PriorCache priors;
+  GumbelInteriorRule(const RuleSpec& s, const TreeArrays& t)
+      : g(s), sc(t.A), priors(1, t.B, t.N, t.A) {}
 
   int64_t operator()(const Row& t, int64_t node, int64_t /*depth*/) const {
     const int64_t A = t.A;
     float* sigma = sc.buf.data();
     float* visits = sigma + A;
     float* pi = visits + A;
-    const float sum_n = sigma_completed_q(t, node, g, sigma, visits, pi);
+    const float sum_n =
+        sigma_completed_q(t, node, g, sigma, visits, priors.get(t, node));
     const float* lg = t.lg + node * A;
     for (int64_t a = 0; a < A; ++a) sigma[a] = lg[a] + sigma[a];
     softmax_into(sigma, A, pi);
@@ -134,12 +186,13 @@ struct GumbelInteriorRule {
 struct GumbelRootRule {
   GumbelParams g;
   GumbelScratch sc;
+  PriorCache priors;  // the roots' only (node 0)
   const float* gumbel;
   const int64_t* table;
   int64_t S;
 
   GumbelRootRule(const RuleSpec& s, const TreeArrays& t, const Extra& extra)
-      : g(s), sc(t.A) {
+      : g(s), sc(t.A), priors(0, t.B, 1, t.A) {
     const at::Tensor& noise = extra_tensor(extra, "gumbel", "gumbel_root");
     check_tensor(noise, "extra['gumbel']", at::kFloat, 2);
     check_shape(noise, "extra['gumbel']", {t.B, t.A});
@@ -159,7 +212,7 @@ struct GumbelRootRule {
     float* sigma = sc.buf.data();
     float* visits = sigma + A;
     const float sum_n =
-        sigma_completed_q(t, node, g, sigma, visits, visits + A);
+        sigma_completed_q(t, node, g, sigma, visits, priors.get(t, node));
     const int64_t sim = std::min(static_cast<int64_t>(sum_n), S - 1);
     const float considered = static_cast<float>(table[t.b * S + sim]);
     const float* lg = t.lg + node * A;
