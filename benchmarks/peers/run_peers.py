@@ -18,9 +18,10 @@ logits (no representation call).
 
 Ours: ``cpp`` is the fused C++ search (network in the kernel), ``cpp-loop``
 the C++ tree with the model called from Python per simulation, ``torch`` the
-tree in tensor ops; Gumbel and Stochastic MuZero run over the shared loop
-(Gumbel's ``cpp`` backend still selects in torch, see
-``gumbel_muzero_search``; Stochastic is torch only). Stochastic MuZero uses
+tree in tensor ops. Gumbel MuZero's ``cpp`` is the fused search too (its
+rules ``gumbel_root`` / ``gumbel_interior`` in the kernel, the result read by
+the kernel's ``gumbel_readout``); Stochastic MuZero's ``cpp-loop`` runs its
+chance / pUCT rules in C++ around the torch model. Stochastic MuZero uses
 its own exported network (``export_case.py``: C = 32 chance codes), and so
 does EfficientZero (a 64-unit value-prefix LSTM reset every 5 steps), searched
 by MuZero's policy (``muzero_search``) over the C++ tree loop or torch.

@@ -26,6 +26,8 @@
 // near-ties of that size (test/test_cpp_rules.py compares whole descents).
 #pragma once
 
+#include <type_traits>
+
 #include "rules.h"
 
 namespace tree_ops {
@@ -39,8 +41,17 @@ struct GumbelParams {
         rescale(s.params[2] != 0.0) {}
 };
 
+// The rules' loops run over a node's A actions. A is a runtime value, but
+// for the usual small action spaces the rules dispatch to a copy compiled
+// for that A (kA > 0: loops fully unrolled, scratch on the stack); kA = 0 is
+// the general copy. The copies run the same float32 operations in the same
+// order, so they agree bit for bit.
+constexpr int kMaxFixedActions = 9;
+
 // softmax of x[0:A] into out (exp(-inf) = 0).
-inline void softmax_into(const float* x, int64_t A, float* out) {
+template <int kA>
+TREE_OPS_INLINE void softmax_fixed(const float* x, int64_t A_dyn, float* out) {
+  const int64_t A = kA > 0 ? kA : A_dyn;
   float mx = x[0];
   for (int64_t a = 1; a < A; ++a) mx = std::max(mx, x[a]);
   float total = 0.0f;
@@ -50,6 +61,27 @@ inline void softmax_into(const float* x, int64_t A, float* out) {
   }
   const float inv = 1.0f / total;
   for (int64_t a = 0; a < A; ++a) out[a] = out[a] * inv;
+}
+
+inline void softmax_into(const float* x, int64_t A, float* out) {
+  softmax_fixed<0>(x, A, out);
+}
+
+// Calls f(std::integral_constant<int, kA>) with kA = A for 2 <= A <=
+// kMaxFixedActions, else kA = 0.
+template <class F>
+TREE_OPS_INLINE auto with_num_actions(int64_t A, F&& f) {
+  switch (A) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 9: return f(std::integral_constant<int, 9>{});
+    default: return f(std::integral_constant<int, 0>{});
+  }
 }
 
 // softmax(children_logits[node]) per node, computed the first time a rule
@@ -104,10 +136,11 @@ class PriorCache {
 
 // sigma(completedQ) [A] of the edges below `node` into sigma, the child
 // visits into visits; returns sum(visits). `prior` is softmax(logits[node]).
-inline float sigma_completed_q(const Row& t, int64_t node,
-                               const GumbelParams& g, float* sigma,
-                               float* visits, const float* prior) {
-  const int64_t A = t.A;
+template <int kA = 0>
+TREE_OPS_INLINE float sigma_completed_q(const Row& t, int64_t node,
+                                        const GumbelParams& g, float* sigma,
+                                        float* visits, const float* prior) {
+  const int64_t A = kA > 0 ? kA : t.A;
   const float* cr = t.cr + node * A;
   const float* cd = t.cd + node * A;
   float* q = sigma;  // q, then completedQ, then sigma, in place
@@ -159,15 +192,21 @@ struct GumbelInteriorRule {
       : g(s), sc(t.A), priors(1, t.B, t.N, t.A) {}
 
   int64_t operator()(const Row& t, int64_t node, int64_t /*depth*/) const {
-    const int64_t A = t.A;
-    float* sigma = sc.buf.data();
+    return with_num_actions(t.A, [&](auto k) { return choose<k.value>(t, node); });
+  }
+
+  template <int kA>
+  TREE_OPS_INLINE int64_t choose(const Row& t, int64_t node) const {
+    const int64_t A = kA > 0 ? kA : t.A;
+    float stack[3 * (kA > 0 ? kA : 1)];
+    float* sigma = kA > 0 ? stack : sc.buf.data();
     float* visits = sigma + A;
     float* pi = visits + A;
     const float sum_n =
-        sigma_completed_q(t, node, g, sigma, visits, priors.get(t, node));
+        sigma_completed_q<kA>(t, node, g, sigma, visits, priors.get(t, node));
     const float* lg = t.lg + node * A;
     for (int64_t a = 0; a < A; ++a) sigma[a] = lg[a] + sigma[a];
-    softmax_into(sigma, A, pi);
+    softmax_fixed<kA>(sigma, A, pi);
     const float denom = 1.0f + sum_n;
     int64_t best = 0;
     float best_score = kNegInf;
@@ -208,11 +247,17 @@ struct GumbelRootRule {
   }
 
   int64_t operator()(const Row& t, int64_t node, int64_t /*depth*/) const {
-    const int64_t A = t.A;
-    float* sigma = sc.buf.data();
+    return with_num_actions(t.A, [&](auto k) { return choose<k.value>(t, node); });
+  }
+
+  template <int kA>
+  TREE_OPS_INLINE int64_t choose(const Row& t, int64_t node) const {
+    const int64_t A = kA > 0 ? kA : t.A;
+    float stack[2 * (kA > 0 ? kA : 1)];
+    float* sigma = kA > 0 ? stack : sc.buf.data();
     float* visits = sigma + A;
     const float sum_n =
-        sigma_completed_q(t, node, g, sigma, visits, priors.get(t, node));
+        sigma_completed_q<kA>(t, node, g, sigma, visits, priors.get(t, node));
     const int64_t sim = std::min(static_cast<int64_t>(sum_n), S - 1);
     const float considered = static_cast<float>(table[t.b * S + sim]);
     const float* lg = t.lg + node * A;
