@@ -50,6 +50,12 @@ max(N[a], 1))`` for the child ``c``, sums over ``a`` by torch's ``sum``)::
 
 ``cpp_params`` of both rules: ``(value_scale, maxvisit_init,
 float(rescale_values))``; epsilon is 1e-8.
+
+Fast path (CPU, C++ kernel, a model with ``fused_search_weights``): the
+simulations run in one fused C++ call and the result (visit counts, winner,
+improved policy, root value) is read by one more (``gumbel_readout``,
+``csrc/gumbel_readout.h``); the considered-visit table is built once per
+``(m, n)`` (:func:`~torchrl_muzero.mcts.seq_halving.cached_considered_visit_table`).
 """
 from __future__ import annotations
 
@@ -266,9 +272,10 @@ def gumbel_muzero_search(
     ``action`` the winner, ``visit_counts`` the root visits and
     ``root_value`` the mean return of the simulations (as MuZero's).
     With the C++ kernel the rules run in C++ (``csrc/gumbel_rules.h``), for
-    a one-hidden-layer ``MuZeroMLPModel`` fused with the network; the C++
-    rules use ``std::exp``, so a near-tie may resolve differently from the
-    torch path in the last bit (test/test_cpp_rules.py).
+    a one-hidden-layer ``MuZeroMLPModel`` fused with the network and the
+    result read in C++ as well (:func:`gumbel_result` ``kernel=True``); the
+    C++ rules use ``std::exp``, so a near-tie may resolve differently from
+    the torch path in the last bit (test/test_cpp_rules.py).
     """
     if not isinstance(config, GumbelMCTSConfig):
         raise TypeError(f"gumbel_muzero_search needs a GumbelMCTSConfig, got {type(config).__name__}.")
