@@ -99,11 +99,15 @@ class PriorCache {
   // nothing from the cache, from paying an allocation; only the B * nodes
   // flags are cleared per call.
   PriorCache(int slot, int64_t B, int64_t nodes, int64_t A)
-      : nodes_(nodes), A_(A) {
-    Buffers& buf = buffers(slot);
+      : nodes_(nodes), A_(A), scratch_(static_cast<size_t>(A)) {
     const size_t flags = static_cast<size_t>(B * nodes);
-    if (buf.prior.size() < flags * static_cast<size_t>(A))
-      buf.prior.resize(flags * static_cast<size_t>(A));
+    const size_t floats = flags * static_cast<size_t>(A);
+    // Beyond 16 MiB of priors (e.g. B=1024 trees of 800 nodes, 18 actions)
+    // the per-thread buffer would stay allocated after the call: compute
+    // the prior every time instead.
+    if (floats > (size_t{1} << 22)) return;
+    Buffers& buf = buffers(slot);
+    if (buf.prior.size() < floats) buf.prior.resize(floats);
     buf.ready.assign(flags, 0);
     prior_ = buf.prior.data();
     ready_ = buf.ready.data();
@@ -111,6 +115,10 @@ class PriorCache {
 
   // softmax(logits[node]) of tree t.b (node < nodes).
   const float* get(const Row& t, int64_t node) const {
+    if (ready_ == nullptr) {
+      softmax_into(t.lg + node * t.A, t.A, scratch_.data());
+      return scratch_.data();
+    }
     const int64_t k = t.b * nodes_ + node;
     float* p = prior_ + k * A_;
     if (!ready_[k]) {
@@ -130,8 +138,9 @@ class PriorCache {
     return slots[slot];
   }
   int64_t nodes_, A_;
-  float* prior_;
-  uint8_t* ready_;
+  float* prior_ = nullptr;
+  uint8_t* ready_ = nullptr;  // null: no cache
+  mutable std::vector<float> scratch_;
 };
 
 // sigma(completedQ) [A] of the edges below `node` into sigma, the child
