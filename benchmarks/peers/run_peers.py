@@ -18,8 +18,9 @@ logits (no representation call).
 
 Ours: ``cpp`` is the fused C++ search (network in the kernel), ``cpp-loop``
 the C++ tree with the model called from Python per simulation, ``torch`` the
-tree in tensor ops. Gumbel MuZero runs over the shared loop, fused in C++
-with the network (``cpp``). Stochastic MuZero's ``cpp`` is its own fused
+tree in tensor ops. Gumbel MuZero's ``cpp`` is the fused search too (its
+rules ``gumbel_root`` / ``gumbel_interior`` in the kernel, the result read by
+the kernel's ``gumbel_readout``). Stochastic MuZero's ``cpp`` is its own fused
 search (``csrc/stochastic_search.cpp``: the afterstate and chance steps in the
 kernel), ``cpp-loop`` its C++ chance / pUCT rules around the torch model
 called per simulation; it uses its own exported network (``export_case.py``:

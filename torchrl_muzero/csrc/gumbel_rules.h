@@ -26,6 +26,8 @@
 // near-ties of that size (test/test_cpp_rules.py compares whole descents).
 #pragma once
 
+#include <type_traits>
+
 #include "rules.h"
 
 namespace tree_ops {
@@ -39,8 +41,17 @@ struct GumbelParams {
         rescale(s.params[2] != 0.0) {}
 };
 
+// The rules' loops run over a node's A actions. A is a runtime value, but
+// for the usual small action spaces the rules dispatch to a copy compiled
+// for that A (kA > 0: loops fully unrolled, scratch on the stack); kA = 0 is
+// the general copy. The copies run the same float32 operations in the same
+// order, so they agree bit for bit.
+constexpr int kMaxFixedActions = 9;
+
 // softmax of x[0:A] into out (exp(-inf) = 0).
-inline void softmax_into(const float* x, int64_t A, float* out) {
+template <int kA>
+TREE_OPS_INLINE void softmax_fixed(const float* x, int64_t A_dyn, float* out) {
+  const int64_t A = kA > 0 ? kA : A_dyn;
   float mx = x[0];
   for (int64_t a = 1; a < A; ++a) mx = std::max(mx, x[a]);
   float total = 0.0f;
@@ -52,12 +63,93 @@ inline void softmax_into(const float* x, int64_t A, float* out) {
   for (int64_t a = 0; a < A; ++a) out[a] = out[a] * inv;
 }
 
+inline void softmax_into(const float* x, int64_t A, float* out) {
+  softmax_fixed<0>(x, A, out);
+}
+
+// Calls f(std::integral_constant<int, kA>) with kA = A for 2 <= A <=
+// kMaxFixedActions, else kA = 0.
+template <class F>
+TREE_OPS_INLINE auto with_num_actions(int64_t A, F&& f) {
+  switch (A) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 9: return f(std::integral_constant<int, 9>{});
+    default: return f(std::integral_constant<int, 0>{});
+  }
+}
+
+// softmax(children_logits[node]) per node, computed the first time a rule
+// reads a node and kept for the rest of the call. A node's logits are
+// written once, when it is expanded, before any descent can reach it (the
+// fused search writes them right after the network step), so the cached
+// prior is the one softmax_into would compute now, bit for bit. Gumbel trees
+// are about twice as deep as pUCT's (the interior rule is deterministic),
+// and this softmax was half the rule's exp() calls at every node.
+class PriorCache {
+ public:
+  // `slot` names this cache's per-thread buffers (0: the root rule's, 1: the
+  // interior rule's; both live during one call). Reusing them across calls
+  // keeps a select() call, which reads each node at most once and so gains
+  // nothing from the cache, from paying an allocation; only the B * nodes
+  // flags are cleared per call.
+  PriorCache(int slot, int64_t B, int64_t nodes, int64_t A)
+      : nodes_(nodes), A_(A), scratch_(static_cast<size_t>(A)) {
+    const size_t flags = static_cast<size_t>(B * nodes);
+    const size_t floats = flags * static_cast<size_t>(A);
+    // Beyond 16 MiB of priors (e.g. B=1024 trees of 800 nodes, 18 actions)
+    // the per-thread buffer would stay allocated after the call: compute
+    // the prior every time instead.
+    if (floats > (size_t{1} << 22)) return;
+    Buffers& buf = buffers(slot);
+    if (buf.prior.size() < floats) buf.prior.resize(floats);
+    buf.ready.assign(flags, 0);
+    prior_ = buf.prior.data();
+    ready_ = buf.ready.data();
+  }
+
+  // softmax(logits[node]) of tree t.b (node < nodes).
+  const float* get(const Row& t, int64_t node) const {
+    if (ready_ == nullptr) {
+      softmax_into(t.lg + node * t.A, t.A, scratch_.data());
+      return scratch_.data();
+    }
+    const int64_t k = t.b * nodes_ + node;
+    float* p = prior_ + k * A_;
+    if (!ready_[k]) {
+      softmax_into(t.lg + node * t.A, t.A, p);
+      ready_[k] = 1;
+    }
+    return p;
+  }
+
+ private:
+  struct Buffers {
+    std::vector<float> prior;
+    std::vector<uint8_t> ready;
+  };
+  static Buffers& buffers(int slot) {
+    thread_local Buffers slots[2];
+    return slots[slot];
+  }
+  int64_t nodes_, A_;
+  float* prior_ = nullptr;
+  uint8_t* ready_ = nullptr;  // null: no cache
+  mutable std::vector<float> scratch_;
+};
+
 // sigma(completedQ) [A] of the edges below `node` into sigma, the child
-// visits into visits; returns sum(visits). `prior` is A floats of scratch.
-inline float sigma_completed_q(const Row& t, int64_t node,
-                               const GumbelParams& g, float* sigma,
-                               float* visits, float* prior) {
-  const int64_t A = t.A;
+// visits into visits; returns sum(visits). `prior` is softmax(logits[node]).
+template <int kA = 0>
+TREE_OPS_INLINE float sigma_completed_q(const Row& t, int64_t node,
+                                        const GumbelParams& g, float* sigma,
+                                        float* visits, const float* prior) {
+  const int64_t A = kA > 0 ? kA : t.A;
   const float* cr = t.cr + node * A;
   const float* cd = t.cd + node * A;
   float* q = sigma;  // q, then completedQ, then sigma, in place
@@ -70,7 +162,6 @@ inline float sigma_completed_q(const Row& t, int64_t node,
     sum_n += n;
     max_n = std::max(max_n, n);
   }
-  softmax_into(t.lg + node * A, A, prior);
   const float tiny = std::numeric_limits<float>::min();
   float sum_p = 0.0f;
   for (int64_t a = 0; a < A; ++a)
@@ -105,17 +196,26 @@ struct GumbelScratch {
 struct GumbelInteriorRule {
   GumbelParams g;
   GumbelScratch sc;
-  GumbelInteriorRule(const RuleSpec& s, const TreeArrays& t) : g(s), sc(t.A) {}
+  PriorCache priors;
+  GumbelInteriorRule(const RuleSpec& s, const TreeArrays& t)
+      : g(s), sc(t.A), priors(1, t.B, t.N, t.A) {}
 
   int64_t operator()(const Row& t, int64_t node, int64_t /*depth*/) const {
-    const int64_t A = t.A;
-    float* sigma = sc.buf.data();
+    return with_num_actions(t.A, [&](auto k) { return choose<k.value>(t, node); });
+  }
+
+  template <int kA>
+  TREE_OPS_INLINE int64_t choose(const Row& t, int64_t node) const {
+    const int64_t A = kA > 0 ? kA : t.A;
+    float stack[3 * (kA > 0 ? kA : 1)];
+    float* sigma = kA > 0 ? stack : sc.buf.data();
     float* visits = sigma + A;
     float* pi = visits + A;
-    const float sum_n = sigma_completed_q(t, node, g, sigma, visits, pi);
+    const float sum_n =
+        sigma_completed_q<kA>(t, node, g, sigma, visits, priors.get(t, node));
     const float* lg = t.lg + node * A;
     for (int64_t a = 0; a < A; ++a) sigma[a] = lg[a] + sigma[a];
-    softmax_into(sigma, A, pi);
+    softmax_fixed<kA>(sigma, A, pi);
     const float denom = 1.0f + sum_n;
     int64_t best = 0;
     float best_score = kNegInf;
@@ -134,12 +234,13 @@ struct GumbelInteriorRule {
 struct GumbelRootRule {
   GumbelParams g;
   GumbelScratch sc;
+  PriorCache priors;  // the roots' only (node 0)
   const float* gumbel;
   const int64_t* table;
   int64_t S;
 
   GumbelRootRule(const RuleSpec& s, const TreeArrays& t, const Extra& extra)
-      : g(s), sc(t.A) {
+      : g(s), sc(t.A), priors(0, t.B, 1, t.A) {
     const at::Tensor& noise = extra_tensor(extra, "gumbel", "gumbel_root");
     check_tensor(noise, "extra['gumbel']", at::kFloat, 2);
     check_shape(noise, "extra['gumbel']", {t.B, t.A});
@@ -155,11 +256,17 @@ struct GumbelRootRule {
   }
 
   int64_t operator()(const Row& t, int64_t node, int64_t /*depth*/) const {
-    const int64_t A = t.A;
-    float* sigma = sc.buf.data();
+    return with_num_actions(t.A, [&](auto k) { return choose<k.value>(t, node); });
+  }
+
+  template <int kA>
+  TREE_OPS_INLINE int64_t choose(const Row& t, int64_t node) const {
+    const int64_t A = kA > 0 ? kA : t.A;
+    float stack[2 * (kA > 0 ? kA : 1)];
+    float* sigma = kA > 0 ? stack : sc.buf.data();
     float* visits = sigma + A;
     const float sum_n =
-        sigma_completed_q(t, node, g, sigma, visits, visits + A);
+        sigma_completed_q<kA>(t, node, g, sigma, visits, priors.get(t, node));
     const int64_t sim = std::min(static_cast<int64_t>(sum_n), S - 1);
     const float considered = static_cast<float>(table[t.b * S + sim]);
     const float* lg = t.lg + node * A;

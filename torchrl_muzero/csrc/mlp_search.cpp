@@ -4,6 +4,7 @@
 // benchmark hooks (mlp_recurrent, mlp_unroll) and their registration.
 #include "mlp_net.h"
 #include "dispatch.h"
+#include "gumbel_readout.h"
 
 #ifdef MZ_HAVE_MLP_SEARCH
 
@@ -201,6 +202,7 @@ void mlp_search_puct(const at::Tensor& visit_count, const at::Tensor& value_sum,
 
 void register_mlp(pybind11::module_& m) {
   namespace py = pybind11;
+  register_gumbel_readout(m);  // Gumbel's result after the fused search
   m.def("mlp_search", &mlp_search,
         "Run every simulation of a search for MuZeroMLPModel (one hidden "
         "layer) on a fresh tree whose root is initialised, in place, "
@@ -243,7 +245,7 @@ void register_mlp(pybind11::module_& m) {
 #else  // no GCC/Clang vector extensions: the module has no fused search
 
 namespace tree_ops {
-void register_mlp(pybind11::module_&) {}
+void register_mlp(pybind11::module_& m) { register_gumbel_readout(m); }
 }  // namespace tree_ops
 
 #endif  // MZ_HAVE_MLP_SEARCH

@@ -44,6 +44,8 @@ __all__ = [
     "cpp_ez_search",
     "EZ_STATE_KEYS",
     "bind_cpp_search",
+    "has_gumbel_readout",
+    "cpp_gumbel_readout",
 ]
 
 # Must equal kTreeOpsVersion in csrc/tree_common.h: an in-place build left over
@@ -400,3 +402,35 @@ def cpp_ez_search(tree: Tree, fused: tuple, root_rule, interior_rule) -> None:
         float(reward_eps), float(value_eps), float(ln_eps), int(horizon),
         *_fused_rule_arguments(tree, root_rule, interior_rule),
     )
+
+
+def has_gumbel_readout() -> bool:
+    """Whether the loaded kernel has ``gumbel_readout`` (a kernel built before it has not)."""
+    ops = load_tree_ops()
+    return ops is not None and hasattr(ops, "gumbel_readout")
+
+
+def cpp_gumbel_readout(tree: Tree, params) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gumbel MuZero's result of finished trees in one C++ call: ``(visit_counts, improved_policy, root_value, action)``.
+
+    ``params`` are the Gumbel rules' ``(value_scale, maxvisit_init,
+    rescale_values)``; the root noise is ``tree.extra["gumbel"]``. The float32
+    contract is in ``csrc/gumbel_readout.h``
+    (:func:`~torchrl_muzero.mcts.gumbel.gumbel_result` is the torch reading).
+    """
+    counts, improved, value, action = _require().gumbel_readout(
+        tree.visit_count,
+        tree.value_sum,
+        tree.children_index,
+        tree.children_prior,
+        tree.children_reward,
+        tree.children_discount,
+        tree.children_logits,
+        tree.raw_value,
+        tree.min_q,
+        tree.max_q,
+        tree.root_legal,
+        tree.extra["gumbel"],
+        _flat_floats(params),
+    )
+    return counts, improved, value, action

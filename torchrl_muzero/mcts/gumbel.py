@@ -50,6 +50,12 @@ max(N[a], 1))`` for the child ``c``, sums over ``a`` by torch's ``sum``)::
 
 ``cpp_params`` of both rules: ``(value_scale, maxvisit_init,
 float(rescale_values))``; epsilon is 1e-8.
+
+Fast path (CPU, C++ kernel, a model with ``fused_search_weights``): the
+simulations run in one fused C++ call and the result (visit counts, winner,
+improved policy, root value) is read by one more (``gumbel_readout``,
+``csrc/gumbel_readout.h``); the considered-visit table is built once per
+``(m, n)`` (:func:`~torchrl_muzero.mcts.seq_halving.cached_considered_visit_table`).
 """
 from __future__ import annotations
 
@@ -58,12 +64,14 @@ from dataclasses import dataclass
 
 import torch
 
+from torchrl_muzero.mcts import _cpp
 from torchrl_muzero.mcts.config import MCTSConfig
-from torchrl_muzero.mcts.loop import start_tree
+from torchrl_muzero.mcts.loop import cpp_rules_supported, start_tree
 from torchrl_muzero.mcts.puct import selectable
 from torchrl_muzero.mcts.qtransform import sigma_and_visits
-from torchrl_muzero.mcts.search import SearchResult, check_action_mask, run_rules, search_observations
-from torchrl_muzero.mcts.seq_halving import considered_visit_table, score_considered
+from torchrl_muzero.mcts.search import (SearchResult, _fused_mlp_weights, _resolve_backend, check_action_mask,
+                                        run_rules, search_observations)
+from torchrl_muzero.mcts.seq_halving import cached_considered_visit_table, score_considered
 from torchrl_muzero.mcts.tree import Tree
 from torchrl_muzero.modules.step import ModelStep
 
@@ -150,7 +158,7 @@ def sample_gumbel(shape: tuple[int, ...], generator: torch.Generator | None = No
         (torch.Size([2, 3]), True)
     """
     e = torch.empty(shape, device=device).exponential_(1.0, generator=generator)
-    return -torch.log(e.clamp_min(torch.finfo(torch.float32).tiny))
+    return e.clamp_min_(torch.finfo(torch.float32).tiny).log_().neg_()  # -log(max(E, tiny)), in place
 
 
 @dataclass(frozen=True)
@@ -264,9 +272,10 @@ def gumbel_muzero_search(
     ``action`` the winner, ``visit_counts`` the root visits and
     ``root_value`` the mean return of the simulations (as MuZero's).
     With the C++ kernel the rules run in C++ (``csrc/gumbel_rules.h``), for
-    a one-hidden-layer ``MuZeroMLPModel`` fused with the network; the C++
-    rules use ``std::exp``, so a near-tie may resolve differently from the
-    torch path in the last bit (test/test_cpp_rules.py).
+    a one-hidden-layer ``MuZeroMLPModel`` fused with the network and the
+    result read in C++ as well (:func:`gumbel_result` ``kernel=True``); the
+    C++ rules use ``std::exp``, so a near-tie may resolve differently from
+    the torch path in the last bit (test/test_cpp_rules.py).
     """
     if not isinstance(config, GumbelMCTSConfig):
         raise TypeError(f"gumbel_muzero_search needs a GumbelMCTSConfig, got {type(config).__name__}.")
@@ -278,21 +287,54 @@ def gumbel_muzero_search(
     tree = start_tree(root, n, legal, discount)
 
     if add_noise and config.gumbel_scale > 0:
-        gumbel = config.gumbel_scale * sample_gumbel((B, A), generator, device)
+        gumbel = sample_gumbel((B, A), generator, device)
+        if config.gumbel_scale != 1.0:  # x * 1.0 == x: skip the op at mctx's default scale
+            gumbel.mul_(config.gumbel_scale)
     else:
         gumbel = torch.zeros(B, A, device=device)
     max_m = min(config.max_num_considered_actions, A)
     num_considered = _num_considered(legal, max_m)
-    table = considered_visit_table(max_m, n).to(device)
+    table = cached_considered_visit_table(max_m, n, device)
     tree.extra.update(gumbel=gumbel, num_considered=num_considered, considered_visits=table[num_considered])
 
     rule_args = (config.value_scale, config.maxvisit_init, config.rescale_values)
-    run_rules(model, tree, config, GumbelRootRule(*rule_args), GumbelInteriorRule(*rule_args), discount)
+    root_rule, interior_rule = GumbelRootRule(*rule_args), GumbelInteriorRule(*rule_args)
+    if _fused_search(model, tree, config, root_rule, interior_rule):
+        return gumbel_result(tree, config, kernel=True)
+    run_rules(model, tree, config, root_rule, interior_rule, discount)
     return gumbel_result(tree, config)
 
 
-def gumbel_result(tree: Tree, config: GumbelMCTSConfig) -> SearchResult:
-    """Gumbel MuZero's reading of a finished tree: the halving winner and the improved policy."""
+def _fused_search(model, tree: Tree, config: GumbelMCTSConfig, root_rule, interior_rule) -> bool:
+    """Run every simulation in the fused C++ search (``run_rules``' fast path) when it applies; say whether it ran.
+
+    Gumbel asks itself rather than through ``run_rules`` so that it knows to
+    read the result in C++ too (:func:`gumbel_result` ``kernel=True``): the
+    fused search's results already differ from torch's in the last bits, while
+    the per-simulation loop's C++ rules give torch's bits, read in torch.
+    """
+    ops = _resolve_backend(config, tree.visit_count.device)
+    fused = _fused_mlp_weights(model, ops, tree)
+    if fused is None or not cpp_rules_supported(ops, root_rule, interior_rule):
+        return False
+    tensors, reward_eps, value_eps = fused
+    _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule)
+    return True
+
+
+def gumbel_result(tree: Tree, config: GumbelMCTSConfig, kernel: bool = False) -> SearchResult:
+    """Gumbel MuZero's reading of a finished tree: the halving winner and the improved policy.
+
+    With ``kernel=True`` (and a CPU tree, a kernel that has ``gumbel_readout``)
+    it is read in one C++ call (:func:`~torchrl_muzero.mcts._cpp.cpp_gumbel_readout`):
+    the same visit counts, root value and, but for near-ties of a few ulps,
+    action; the improved policy to float32 rounding (the kernel's ``std::exp``
+    is not torch's).
+    """
+    if kernel and tree.visit_count.device.type == "cpu" and _cpp.has_gumbel_readout():
+        params = (config.value_scale, config.maxvisit_init, float(config.rescale_values))
+        visit_counts, improved, root_mean, action = _cpp.cpp_gumbel_readout(tree, params)
+        return SearchResult(visit_counts, improved, root_mean, action, tree)
     root = torch.zeros(tree.batch_size, dtype=torch.long, device=tree.visit_count.device)
     sigma, _ = sigma_and_visits(tree, root, config.value_scale, config.maxvisit_init, config.rescale_values)
     visit_counts = tree.root_child_visits()
