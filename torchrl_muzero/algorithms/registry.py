@@ -21,7 +21,8 @@ from typing import Any, Callable
 __all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names"]
 
 _REGISTRY: dict[str, "Algorithm"] = {}
-_MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context")
+_MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context",
+            "muzero_rnn_full_obs")
 _loaded = False
 
 
