@@ -109,11 +109,13 @@ class RNNFullObsModel(MuZeroModel):
     def dynamics_hidden(self, latent: torch.Tensor, hidden: torch.Tensor,
                         action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(next_latent, next_hidden, reward_logits)`` without input checks."""
-        B = latent.shape[0]
-        one_hot = F.one_hot(action, self.num_actions).to(latent.dtype)
-        next_hidden = self.gru(torch.cat([latent.reshape(B, -1), one_hot], -1), hidden)
-        next_latent = scale_latent(self.latent_head(next_hidden).view(B, *self.latent_shape))
+        next_hidden = self._gru_step(latent, hidden, action)
+        next_latent = scale_latent(self.latent_head(next_hidden).view(latent.shape[0], *self.latent_shape))
         return next_latent, next_hidden, self.reward_head(next_hidden)
+
+    def _gru_step(self, latent: torch.Tensor, hidden: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        one_hot = F.one_hot(action, self.num_actions).to(latent.dtype)
+        return self.gru(torch.cat([latent.reshape(latent.shape[0], -1), one_hot], -1), hidden)
 
     def recurrent_inference_hidden(
         self, latent: torch.Tensor, hidden: torch.Tensor, action: torch.Tensor
@@ -191,9 +193,7 @@ class RNNFullObsModel(MuZeroModel):
     @torch.no_grad()
     def next_hidden(self, state: TensorDictBase, action: torch.Tensor) -> torch.Tensor:
         """The GRU state after ``action`` from ``state`` (the acting memory's step; no prediction run)."""
-        return self.gru(torch.cat([state["latent"].reshape(action.shape[0], -1),
-                                   F.one_hot(action, self.num_actions).to(state["latent"].dtype)], -1),
-                        state["hidden"])
+        return self._gru_step(state["latent"], state["hidden"], action)
 
 
 class RNNFullObsMLPModel(RNNFullObsModel):

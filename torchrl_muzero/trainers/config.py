@@ -48,8 +48,8 @@ class EnvConfig:
 class AlgoConfig:
     """Which member of the MuZero family (``algo=<name>``, LightZero's names) and its own settings.
 
-    Each key below belongs to the algorithms named above it (torchrl_muzero/algorithms/); setting a key that the
-    chosen algorithm does not read is an error.
+    Each key below belongs to the algorithms its comment names (torchrl_muzero/algorithms/, ``config_keys``);
+    setting a key that the chosen algorithm does not read is an error.
     """
 
     name: str = "muzero"  # muzero | efficientzero | gumbel_muzero | stochastic_muzero | muzero_context
