@@ -21,7 +21,8 @@ from typing import Any, Callable
 __all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names"]
 
 _REGISTRY: dict[str, "Algorithm"] = {}
-_MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context")
+_MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context",
+            "muzero_rnn_full_obs")
 _loaded = False
 
 
@@ -58,7 +59,8 @@ class Algorithm:
             :class:`~torchrl_muzero.data.GameBuffer` keyword arguments
             (EfficientZero's off-policy correction).
         acting_memory: ``(cfg) -> ActingMemory | None``: what the policy
-            carries per env between steps (``muzero_context``'s rolled latent;
+            carries per env between steps (``muzero_context``'s rolled latent,
+            ``muzero_rnn_full_obs``'s GRU state;
             :mod:`torchrl_muzero.mcts.acting_memory`); ``None`` (default) acts
             from the current observation alone.
         config_keys: the ``algo.*`` keys this algorithm reads; setting

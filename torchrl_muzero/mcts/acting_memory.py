@@ -34,7 +34,7 @@ from torchrl.envs.transforms import TensorDictPrimer
 
 from torchrl_muzero.modules.step import ModelStep
 
-__all__ = ["ActingMemory", "ContextLatentMemory", "with_acting_memory"]
+__all__ = ["ActingMemory", "ContextLatentMemory", "RecurrentHiddenMemory", "with_acting_memory"]
 
 
 class ActingMemory(nn.Module):
@@ -186,6 +186,72 @@ class ContextLatentMemory(ActingMemory):
             nxt = model.search_step(root.state, action)
         return TensorDict({"context_latent": nxt.state, "context_logits": nxt.policy_logits,
                            "context_value": nxt.value, "context_step": step}, batch_size=[B])
+
+
+class RecurrentHiddenMemory(ActingMemory):
+    """``muzero_rnn_full_obs``'s acting rule: a GRU state per env, advanced along the real observations.
+
+    At step ``t`` of an episode the root is ``(h(o_t), hidden_t)`` with its
+    prediction ``f(h(o_t), hidden_t)``; after the action ``a_t`` the next state
+    is the dynamics' ``hidden' = g(h(o_t), hidden_t, a_t)``: the GRU reads the
+    encoded observation, not the latent it predicted (as the loss's teacher
+    forcing trains it). ``hidden_t`` is zeros at the episode start (the
+    primer's zeros) and whenever ``t % context_length_init == 0`` (LightZero's
+    ``H_infer``), so the state never summarises more than
+    ``context_length_init - 1`` steps. The search reads the root's state and
+    never writes this memory. Needs a model with a GRU state
+    (:class:`~torchrl_muzero.modules.rnn_full_obs.RNNFullObsModel`).
+
+    Entries: ``"rnn_hidden"`` ``[rnn_hidden_size]`` (the next step's GRU state)
+    and ``"rnn_step"`` (``(t + 1) mod context_length_init``; 0 after a reset).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_muzero.mcts import MCTSConfig, MCTSPolicy
+        >>> from torchrl_muzero.mcts.acting_memory import RecurrentHiddenMemory
+        >>> from torchrl_muzero.modules.rnn_full_obs import RNNFullObsMLPModel
+        >>> model = RNNFullObsMLPModel((4,), 2, latent_dim=8, hidden_dim=8, rnn_hidden_size=6)
+        >>> policy = MCTSPolicy(model, MCTSConfig(num_simulations=4), memory=RecurrentHiddenMemory(2))
+        >>> td = TensorDict({"observation": torch.randn(3, 4)}, [3]).update(policy.memory.zeros(3))
+        >>> td = policy(td)
+        >>> td["next", "rnn_hidden"].shape, td["next", "rnn_step"].tolist()
+        (torch.Size([3, 6]), [1, 1, 1])
+    """
+
+    def __init__(self, context_length_init: int) -> None:
+        super().__init__()
+        if not isinstance(context_length_init, int) or isinstance(context_length_init, bool) or context_length_init < 1:
+            raise ValueError(f"context_length_init must be an integer >= 1, got {context_length_init!r}.")
+        self.context_length_init = context_length_init
+
+    @property
+    def keys(self) -> list[str]:
+        return ["rnn_hidden", "rnn_step"]
+
+    def spec(self, model) -> Composite:
+        size = getattr(model, "rnn_hidden_size", None)
+        if size is None or not getattr(model, "carries_hidden", False):
+            raise TypeError(f"RecurrentHiddenMemory carries a GRU state; {type(model).__name__} has none "
+                            "(use an RNNFullObsModel, algo=muzero_rnn_full_obs).")
+        dtype = next(model.parameters()).dtype
+        return Composite(rnn_hidden=Unbounded(shape=(int(size),), dtype=dtype),
+                         rnn_step=Unbounded(shape=(), dtype=torch.int64))
+
+    def root(self, model, observation: torch.Tensor, memory: TensorDictBase) -> ModelStep:
+        # a window's first step starts from zeros whatever was carried (the primer gives zeros after a reset)
+        ground = (memory["rnn_step"] == 0).unsqueeze(-1)
+        hidden = torch.where(ground, 0.0, memory["rnn_hidden"])
+        return model.search_root(observation, hidden=hidden)
+
+    def advance(self, model, root: ModelStep, action: torch.Tensor, memory: TensorDictBase) -> TensorDictBase:
+        B = action.shape[0]
+        step = (memory["rnn_step"] + 1) % self.context_length_init
+        if self.context_length_init == 1:  # every step starts from zeros: the GRU step is never read
+            hidden = torch.zeros_like(root.state["hidden"])
+        else:
+            hidden = torch.where((step == 0).unsqueeze(-1), 0.0, model.next_hidden(root.state, action))
+        return TensorDict({"rnn_hidden": hidden, "rnn_step": step}, batch_size=[B])
 
 
 def _device(model) -> torch.device:

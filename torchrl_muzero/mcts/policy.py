@@ -45,7 +45,8 @@ class MCTSPolicy(TensorDictModuleBase):
             Each algorithm of :mod:`torchrl_muzero.algorithms` names its own,
             e.g. ``gumbel_search`` with a ``GumbelMCTSConfig``.
         memory: an :class:`~torchrl_muzero.mcts.acting_memory.ActingMemory`
-            for policies that act from per-env history (``muzero_context``):
+            for policies that act from per-env history (``muzero_context``,
+            ``muzero_rnn_full_obs``):
             the policy reads the memory's entries, searches from
             ``memory.root(...)`` (passed to ``search_fn`` as ``root=``) and
             writes the next memory at ``("next", key)``. The env must carry

@@ -11,3 +11,5 @@ __all__ += ["StochasticMuZeroModel", "StochasticMuZeroMLPModel", "straight_throu
 from torchrl_muzero.modules.efficientzero import EfficientZeroMLPModel, EfficientZeroModel, EfficientZeroResNetModel  # noqa: E402
 __all__ += ["EfficientZeroModel", "EfficientZeroMLPModel", "EfficientZeroResNetModel"]
 from torchrl_muzero.modules.stochastic_resnet import StochasticMuZeroResNetModel; __all__ += ["StochasticMuZeroResNetModel"]  # noqa: E402, E702
+from torchrl_muzero.modules.rnn_full_obs import RNNFullObsMLPModel, RNNFullObsModel, RNNFullObsResNetModel  # noqa: E402
+__all__ += ["RNNFullObsModel", "RNNFullObsMLPModel", "RNNFullObsResNetModel"]

@@ -50,11 +50,12 @@ class EnvConfig:
 class AlgoConfig:
     """Which member of the MuZero family (``algo=<name>``, LightZero's names) and its own settings.
 
-    Each key below belongs to one algorithm (torchrl_muzero/algorithms/); setting a key that the
-    chosen algorithm does not read is an error.
+    Each key below belongs to the algorithms its comment names (torchrl_muzero/algorithms/, ``config_keys``);
+    setting a key that the chosen algorithm does not read is an error.
     """
 
     name: str = "muzero"  # muzero | efficientzero | gumbel_muzero | stochastic_muzero | muzero_context
+    # | muzero_rnn_full_obs
     # efficientzero: value-prefix LSTM, reset every lstm_horizon_len steps (training and search)
     lstm_horizon_len: int = 5
     lstm_hidden_size: int = 64
@@ -74,8 +75,12 @@ class AlgoConfig:
     # 0 by default: on from the first update it collapsed the chance codes to one (docs/variants.md)
     commitment_loss_weight: float = 0.0
     # muzero_context: acting re-grounds the root from the observation every context_length_init steps
-    # and rolls it forward with the dynamics in between (LightZero's Pong config: 4; 1 is MuZero)
+    # and rolls it forward with the dynamics in between (LightZero's Pong config: 4; 1 is MuZero).
+    # muzero_rnn_full_obs: acting zeroes each env's GRU state every context_length_init steps
+    # (LightZero's H_infer; its Pong config's context_length=4 never reaches the model, which uses 5)
     context_length_init: int = 4
+    # muzero_rnn_full_obs: GRU units of the dynamics and prediction (LightZero's Pong config: 4096)
+    rnn_hidden_size: int = 64
 
 
 @dataclass

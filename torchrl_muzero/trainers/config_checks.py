@@ -106,6 +106,7 @@ RANGES: dict[str, Range] = {
     "algo.maxvisit_init": NON_NEG,
     "algo.chance_space_size": COUNT,
     "algo.context_length_init": COUNT,
+    "algo.rnn_hidden_size": COUNT,
     "algo.afterstate_value_loss_weight": NON_NEG,
     "algo.chance_loss_weight": NON_NEG,
     "algo.commitment_loss_weight": NON_NEG,

@@ -44,7 +44,8 @@ class SyncTrainer(TrainerBase):
         self.eval_env = make_env(cfg.env, num_envs=cfg.eval.num_episodes, seed=cfg.seed + 10_000, training=False)
         self.policy = build_policy(cfg, self.learner.model, env.action_spec,
                                    generator=torch.Generator(self.device).manual_seed(cfg.seed))
-        env = with_acting_memory(env, self.policy)  # per-env acting state (muzero_context): its primer
+        # per-env acting state (muzero_context's latent, muzero_rnn_full_obs's GRU state): its primer
+        env = with_acting_memory(env, self.policy)
         self.collector = Collector(env, self.policy, frames_per_batch=cfg.train.frames_per_batch,
                                    total_frames=-1, auto_register_policy_transforms=False)
         budget = 0.0
