@@ -4,6 +4,7 @@
 // test hook (ez_recurrent) and the registration.
 #include "ez_net.h"
 #include "dispatch.h"
+#include "fused_loop.h"
 
 #ifdef MZ_HAVE_MLP_SEARCH
 
@@ -142,16 +143,11 @@ void ez_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
     pybind11::gil_scoped_release no_gil;
     EzScratch& sc = thread_ez_scratch(net);
     EzRows rows;
-    int64_t leaf[kGroup];
     std::vector<float> prior(kGroup * A), logits(kGroup * A);
-    for (int64_t n = 1; n < N; ++n) {
-      for (int64_t g = 0; g < B; g += kGroup) {
-        const int64_t count = std::min(kGroup, B - g);
-        for (int64_t s = 0; s < count; ++s) {
-          const int64_t b = g + s;
-          const Leaf l = select_in_tree(row(t, b), rr, ir);
+    run_fused_simulations(
+        t, rr, ir,
+        [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
           const int64_t from = b * N + l.node, to = b * N + n;
-          leaf[s] = l.node;
           rows.action[s] = l.action;
           rows.latent[s] = st.latent + from * L;
           rows.h[s] = st.h + from * K;
@@ -161,21 +157,16 @@ void ez_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
           rows.next_latent[s] = st.latent + to * L;
           rows.next_h[s] = st.h + to * K;
           rows.next_c[s] = st.c + to * K;
-        }
-        ez_step(net, sc, count, rows, prior.data(), logits.data());
-        for (int64_t s = 0; s < count; ++s) {
-          const int64_t b = g + s;
-          const Row r = row(t, b);
+        },
+        [&](int64_t count) { ez_step(net, sc, count, rows, prior.data(), logits.data()); },
+        [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
           st.prefix[b * N + n] = rows.prefix[s];
           st.steps[b * N + n] = rows.steps[s];
           std::copy_n(logits.data() + s * A, A, r.lg + n * A);
           r.rv[n] = rows.value[s];
-          expand_and_backup_in_tree(r, n, leaf[s], rows.action[s],
-                                    rows.reward[s], rows.value[s],
-                                    prior.data() + s * A, nullptr);
-        }
-      }
-    }
+          expand_and_backup_in_tree(r, n, l.node, l.action, rows.reward[s],
+                                    rows.value[s], prior.data() + s * A, nullptr);
+        });
   });
 }
 

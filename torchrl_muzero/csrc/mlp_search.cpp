@@ -4,6 +4,7 @@
 // benchmark hooks (mlp_recurrent, mlp_unroll) and their registration.
 #include "mlp_net.h"
 #include "dispatch.h"
+#include "fused_loop.h"
 #include "gumbel_readout.h"
 
 #ifdef MZ_HAVE_MLP_SEARCH
@@ -97,34 +98,28 @@ void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
   with_rules(root, interior, t, extra, [&](const auto& rr, const auto& ir) {
     pybind11::gil_scoped_release no_gil;
     MlpScratch& sc = thread_scratch(net);
-    int64_t leaf[kGroup], act[kGroup];
+    int64_t act[kGroup];
     float reward[kGroup], value[kGroup];
     std::vector<float> prior(kGroup * A), logits(kGroup * A);
     const float* in[kGroup];
     float* out[kGroup];
-    for (int64_t n = 1; n < N; ++n) {
-      for (int64_t g = 0; g < B; g += kGroup) {
-        const int64_t rows = std::min(kGroup, B - g);
-        for (int64_t s = 0; s < rows; ++s) {
-          const int64_t b = g + s;
-          const Leaf l = select_in_tree(row(t, b), rr, ir);
-          leaf[s] = l.node;
+    run_fused_simulations(
+        t, rr, ir,
+        [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
           act[s] = l.action;
           in[s] = emb_all + (b * N + l.node) * L;
           out[s] = emb_all + (b * N + n) * L;
-        }
-        mlp_step(net, sc, rows, in, act, out, reward, value, prior.data(),
-                 logits.data());
-        for (int64_t s = 0; s < rows; ++s) {
-          const int64_t b = g + s;
-          const Row r = row(t, b);
+        },
+        [&](int64_t rows) {
+          mlp_step(net, sc, rows, in, act, out, reward, value, prior.data(),
+                   logits.data());
+        },
+        [&](int64_t s, int64_t, const Row& r, const Leaf& l, int64_t n) {
           std::copy_n(logits.data() + s * A, A, r.lg + n * A);
           r.rv[n] = value[s];
-          expand_and_backup_in_tree(r, n, leaf[s], act[s], reward[s],
+          expand_and_backup_in_tree(r, n, l.node, l.action, reward[s],
                                     value[s], prior.data() + s * A, nullptr);
-        }
-      }
-    }
+        });
   });
 }
 

@@ -9,6 +9,7 @@
 // simulation; at small B that dispatch is the whole cost of the search.
 #include "stochastic_net.h"
 #include "dispatch.h"
+#include "fused_loop.h"
 
 #ifdef MZ_HAVE_MLP_SEARCH
 
@@ -111,37 +112,31 @@ void stochastic_search(
              [&](const auto& rr, const auto& ir) {
     pybind11::gil_scoped_release no_gil;
     StochasticScratch& sc = stochastic_scratch(net);
-    int64_t leaf[kGroup], act[kGroup];
+    int64_t act[kGroup];
     bool parent_chance[kGroup];
     float reward[kGroup], value[kGroup], disc[kGroup];
     std::vector<float> logits(kGroup * S), prior(kGroup * S);
     const float* in[kGroup];
     float* out[kGroup];
-    for (int64_t n = 1; n < N; ++n) {
-      for (int64_t g = 0; g < B; g += kGroup) {
-        const int64_t rows = std::min(kGroup, B - g);
-        for (int64_t s = 0; s < rows; ++s) {
-          const int64_t b = g + s;
-          const Leaf l = select_in_tree(row(t, b), rr, ir);
-          leaf[s] = l.node;
+    run_fused_simulations(
+        t, rr, ir,
+        [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
           act[s] = l.action;
           parent_chance[s] = kind[b * N + l.node];
           in[s] = lat + (b * N + l.node) * L;
           out[s] = lat + (b * N + n) * L;
-        }
-        stochastic_step(net, sc, rows, in, parent_chance, act, gamma, out,
-                        reward, value, disc, logits.data(), prior.data());
-        for (int64_t s = 0; s < rows; ++s) {
-          const int64_t b = g + s;
-          const Row r = row(t, b);
+        },
+        [&](int64_t rows) {
+          stochastic_step(net, sc, rows, in, parent_chance, act, gamma, out,
+                          reward, value, disc, logits.data(), prior.data());
+        },
+        [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
           kind[b * N + n] = !parent_chance[s];
           std::copy_n(logits.data() + s * S, S, r.lg + n * S);
           r.rv[n] = value[s];
-          expand_and_backup_in_tree(r, n, leaf[s], act[s], reward[s],
+          expand_and_backup_in_tree(r, n, l.node, l.action, reward[s],
                                     value[s], prior.data() + s * S, disc + s);
-        }
-      }
-    }
+        });
   });
 }
 
