@@ -7,3 +7,6 @@ __all__ = ["EfficientZeroLoss", "LossTerm", "MuZeroLoss", "UnrolledModelLoss", "
 from torchrl_muzero.objectives.stochastic_muzero import StochasticMuZeroLoss
 
 __all__ += ["StochasticMuZeroLoss"]
+from torchrl_muzero.objectives.unizero import UniZeroLoss
+
+__all__ += ["UniZeroLoss"]
