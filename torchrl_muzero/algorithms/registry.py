@@ -22,6 +22,7 @@ __all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names"]
 
 _REGISTRY: dict[str, "Algorithm"] = {}
 _MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context")
+_MODULES += ("unizero",)
 _loaded = False
 
 
