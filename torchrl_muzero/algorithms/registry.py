@@ -22,7 +22,7 @@ __all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names"]
 
 _REGISTRY: dict[str, "Algorithm"] = {}
 _MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context",
-            "muzero_rnn_full_obs")
+            "muzero_rnn_full_obs", "unizero")
 _loaded = False
 
 

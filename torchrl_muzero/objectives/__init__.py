@@ -10,3 +10,6 @@ __all__ += ["StochasticMuZeroLoss"]
 from torchrl_muzero.objectives.rnn_full_obs import RNNFullObsLoss  # noqa: E402
 
 __all__ += ["RNNFullObsLoss"]
+from torchrl_muzero.objectives.unizero import UniZeroLoss  # noqa: E402
+
+__all__ += ["UniZeroLoss"]

@@ -55,7 +55,7 @@ class AlgoConfig:
     """
 
     name: str = "muzero"  # muzero | efficientzero | gumbel_muzero | stochastic_muzero | muzero_context
-    # | muzero_rnn_full_obs
+    # | muzero_rnn_full_obs | unizero
     # efficientzero: value-prefix LSTM, reset every lstm_horizon_len steps (training and search)
     lstm_horizon_len: int = 5
     lstm_hidden_size: int = 64
@@ -81,6 +81,25 @@ class AlgoConfig:
     context_length_init: int = 4
     # muzero_rnn_full_obs: GRU units of the dynamics and prediction (LightZero's Pong config: 4096)
     rnn_hidden_size: int = 64
+    # unizero (LightZero's CartPole defaults): the transformer world model
+    embed_dim: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    context_length: int = 4  # history steps [z, a] the root sees (0: the current observation alone)
+    max_blocks: int = 10  # latents one sequence holds: >= buffer.num_unroll_steps + 1 and >= context_length + 2
+    position: str = "rope"  # rope | absolute
+    latent_norm: str = "simnorm"  # simnorm | layernorm
+    policy_entropy_weight: float = 5e-3
+    target_update_theta: float = 0.05  # EMA rate of the target encoder, per update
+    # UniZero's loss weights (LightZero hard-codes 10 / 1 / 1 / 0.5; here they are used); the loss.* weights
+    # are MuZero's and an error with algo=unizero
+    latent_loss_weight: float = 10.0
+    reward_loss_weight: float = 1.0
+    policy_loss_weight: float = 1.0
+    value_loss_weight: float = 0.5
+    policy_ls_eps_start: float = 0.0  # policy label smoothing, linear start -> end over the steps (0: off)
+    policy_ls_eps_end: float = 0.01
+    policy_ls_eps_decay_steps: int = 50_000
 
 
 @dataclass

@@ -184,6 +184,22 @@ RANGES: dict[str, Range] = {
     # run
     "seed": Range(0, 2**31 - 1),
 }
+RANGES.update({  # unizero
+    "algo.embed_dim": COUNT,
+    "algo.num_layers": COUNT,
+    "algo.num_heads": COUNT,
+    "algo.context_length": NON_NEG,
+    "algo.max_blocks": Range(2),
+    "algo.policy_entropy_weight": NON_NEG,
+    "algo.target_update_theta": Range(0.0, 1.0, lo_open=True),
+    "algo.latent_loss_weight": NON_NEG,
+    "algo.reward_loss_weight": NON_NEG,
+    "algo.policy_loss_weight": NON_NEG,
+    "algo.value_loss_weight": NON_NEG,
+    "algo.policy_ls_eps_start": Range(0.0, 1.0, hi_open=True),
+    "algo.policy_ls_eps_end": Range(0.0, 1.0, hi_open=True),
+    "algo.policy_ls_eps_decay_steps": COUNT,
+})
 
 
 def _numeric_leaves(cfg, prefix: str = ""):
