@@ -223,9 +223,9 @@ def test_context_length_init_and_rnn_hidden_size_change_behaviour():
         batch = _rollout(policy, frames=40)
         steps[name] = batch["rnn_step"][0, :6].tolist()
     assert steps["two"][:4] == [0, 1, 0, 1] and steps["five"][:6] == [0, 1, 2, 3, 4, 0]
-    # LightZero's model.context_length-style key is not silently swallowed
-    with pytest.raises(ConfigError, match="context_length"):
-        load_config({"algo": {"name": "muzero_rnn_full_obs", "context_length": 4}})
+    # LightZero's context_length-style key is not silently swallowed (here it is UniZero's window: an error)
+    with pytest.raises(ConfigError, match="'algo.context_length' .* is a setting of unizero"):
+        load_config({"algo": {"name": "muzero_rnn_full_obs", "context_length": 7}})
     with pytest.raises(ConfigError, match="rnn_hidden_size"):
         load_config({"algo": {"name": "muzero", "rnn_hidden_size": 32}})
     load_config({"algo": {"name": "muzero_context", "context_length_init": 2}})  # both algorithms read it
