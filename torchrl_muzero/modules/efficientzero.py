@@ -29,7 +29,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torch.nn import functional as F
 
-from torchrl_muzero.modules.mlp import MuZeroMLPModel
+from torchrl_muzero.modules.mlp import MuZeroMLPModel, fused_kernel_tensors
 from torchrl_muzero.modules.model import MuZeroModel, scale_latent
 from torchrl_muzero.modules.resnet import MuZeroResNetModel, _norm
 from torchrl_muzero.modules.step import ModelStep
@@ -391,10 +391,11 @@ class EfficientZeroMLPModel(EfficientZeroModel, MuZeroMLPModel):
             p1.weight, p1.bias, self.prediction_head.weight, self.prediction_head.bias,
             self.reward_support.bins, self.value_support.bins,
         ]
-        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        kernel_tensors = fused_kernel_tensors(tensors)
+        if kernel_tensors is None:
             return None
         return (
-            [t.detach().contiguous() for t in tensors],
+            kernel_tensors,
             self.reward_support.epsilon,
             self.value_support.epsilon,
             float(ln.eps),

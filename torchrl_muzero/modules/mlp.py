@@ -22,6 +22,14 @@ def _mlp(in_dim: int, hidden: int, out_dim: int, layers: int = 1) -> nn.Sequenti
     return nn.Sequential(*modules)
 
 
+def fused_kernel_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """``tensors`` as the fused C++ searches take them (detached, contiguous), or ``None`` unless all are
+    float32 CPU tensors (the kernels' only layout); shared by every model's ``fused_*_weights``."""
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        return None
+    return [t.detach().contiguous() for t in tensors]
+
+
 class MuZeroMLPModel(MuZeroModel):
     """MuZero model of small MLPs for flat observations.
 
@@ -147,10 +155,11 @@ class MuZeroMLPModel(MuZeroModel):
             p1.weight, p1.bias, self.prediction_head.weight, self.prediction_head.bias,
             self.reward_support.bins, self.value_support.bins,
         ]
-        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        kernel_tensors = fused_kernel_tensors(tensors)
+        if kernel_tensors is None:
             return None
         return (
-            [t.detach().contiguous() for t in tensors],
+            kernel_tensors,
             self.reward_support.epsilon,
             self.value_support.epsilon,
         )

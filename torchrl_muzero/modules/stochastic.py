@@ -35,7 +35,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torch.nn import functional as F
 
-from torchrl_muzero.modules.mlp import _mlp
+from torchrl_muzero.modules.mlp import _mlp, fused_kernel_tensors
 from torchrl_muzero.modules.model import MuZeroModel, scale_latent
 from torchrl_muzero.modules.step import ModelStep
 
@@ -391,10 +391,11 @@ class StochasticMuZeroMLPModel(StochasticMuZeroModel):
             p1.weight, p1.bias, self.prediction_head.weight, self.prediction_head.bias,
             self.reward_support.bins, self.value_support.bins,
         ]
-        if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        kernel_tensors = fused_kernel_tensors(tensors)
+        if kernel_tensors is None:
             return None
         return (
-            [t.detach().contiguous() for t in tensors],
+            kernel_tensors,
             self.reward_support.epsilon,
             self.value_support.epsilon,
         )
