@@ -66,11 +66,10 @@ import torch
 
 from torchrl_muzero.mcts import _cpp
 from torchrl_muzero.mcts.config import MCTSConfig
-from torchrl_muzero.mcts.loop import cpp_rules_supported, start_tree
+from torchrl_muzero.mcts.loop import start_tree
 from torchrl_muzero.mcts.puct import selectable
 from torchrl_muzero.mcts.qtransform import sigma_and_visits
-from torchrl_muzero.mcts.search import (SearchResult, _fused_mlp_weights, _resolve_backend, check_action_mask,
-                                        run_rules, search_observations)
+from torchrl_muzero.mcts.search import SearchResult, check_action_mask, run_rules, search_observations
 from torchrl_muzero.mcts.seq_halving import cached_considered_visit_table, score_considered
 from torchrl_muzero.mcts.tree import Tree
 from torchrl_muzero.modules.step import ModelStep
@@ -299,27 +298,9 @@ def gumbel_muzero_search(
 
     rule_args = (config.value_scale, config.maxvisit_init, config.rescale_values)
     root_rule, interior_rule = GumbelRootRule(*rule_args), GumbelInteriorRule(*rule_args)
-    if _fused_search(model, tree, config, root_rule, interior_rule):
-        return gumbel_result(tree, config, kernel=True)
-    run_rules(model, tree, config, root_rule, interior_rule, discount)
-    return gumbel_result(tree, config)
-
-
-def _fused_search(model, tree: Tree, config: GumbelMCTSConfig, root_rule, interior_rule) -> bool:
-    """Run every simulation in the fused C++ search (``run_rules``' fast path) when it applies; say whether it ran.
-
-    Gumbel asks itself rather than through ``run_rules`` so that it knows to
-    read the result in C++ too (:func:`gumbel_result` ``kernel=True``): the
-    fused search's results already differ from torch's in the last bits, while
-    the per-simulation loop's C++ rules give torch's bits, read in torch.
-    """
-    ops = _resolve_backend(config, tree.visit_count.device)
-    fused = _fused_mlp_weights(model, ops, tree)
-    if fused is None or not cpp_rules_supported(ops, root_rule, interior_rule):
-        return False
-    tensors, reward_eps, value_eps = fused
-    _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule)
-    return True
+    # a fused search's tree is read in C++ too; the per-simulation loop's C++ rules give torch's bits, read in torch
+    fused = run_rules(model, tree, config, root_rule, interior_rule, discount)
+    return gumbel_result(tree, config, kernel=fused)
 
 
 def gumbel_result(tree: Tree, config: GumbelMCTSConfig, kernel: bool = False) -> SearchResult:

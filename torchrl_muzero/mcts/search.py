@@ -168,14 +168,17 @@ def search_from_root(
     return muzero_search(model, root, config, action_mask, two_player, add_noise, generator)
 
 
-def run_rules(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float) -> Tree:
+def run_rules(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float) -> bool:
     """Run a prepared tree's simulations on the fastest path for ``config.backend`` and the model.
 
     The fused C++ search (network included) when the model offers
     ``fused_search_weights`` (MuZero) or ``fused_value_prefix_weights``
     (EfficientZero) and the kernel knows both rules, else the shared
     loop (:func:`~torchrl_muzero.mcts.loop.run_search`) with the C++ or torch
-    bookkeeping. Every variant policy ends its preparation here.
+    bookkeeping. Every variant policy ends its preparation here. Returns
+    whether a fused search ran (its results differ from the torch model's
+    in the last bits, so a policy may read such a tree in C++ too, as
+    Gumbel's does).
     """
     ops = _resolve_backend(config, tree.visit_count.device)
     if cpp_rules_supported(ops, root_rule, interior_rule):
@@ -184,12 +187,13 @@ def run_rules(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, d
         if fused is not None:
             tensors, reward_eps, value_eps = fused
             _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule)
-            return tree
+            return True
         fused = _fused_value_prefix_weights(model, ops, tree)
         if fused is not None:
             _cpp.cpp_ez_search(tree, fused, root_rule, interior_rule)
-            return tree
-    return run_search(tree, step_of(model), config.num_simulations, root_rule, interior_rule, discount, ops)
+            return True
+    run_search(tree, step_of(model), config.num_simulations, root_rule, interior_rule, discount, ops)
+    return False
 
 
 def step_of(model):
