@@ -11,6 +11,8 @@ test/test_unizero_model.py). Speed-up = mean(recompute) / mean(cache).
 Run: python -m pytest benchmarks/test_unizero_search_bench.py --benchmark-only
      --benchmark-columns=mean,median,rounds
 """
+import os
+
 import pytest
 import torch
 
@@ -19,7 +21,9 @@ from torchrl_muzero.mcts.search import muzero_search
 from torchrl_muzero.modules.unizero import UniZeroModel
 
 SIMS, ACTIONS = 50, 2
-BATCHES = [1, 8]
+# the tree backend (the model steps are torch either way): UZ_BACKEND=torch|cpp|auto
+BACKEND = os.environ.get("UZ_BACKEND", "auto")
+BATCHES = [1, 8, 64]
 # "cartpole": LightZero's CartPole sizes. "long": a longer context and a wider model (33 root tokens,
 # 64 slots), where a full recompute per expansion costs more than the per-op overhead of the cache.
 SIZES = {
@@ -45,14 +49,14 @@ def _window(B: int, size: str = "cartpole"):
 def test_unizero_search(benchmark, B, kv_cache, size):
     model = _model(kv_cache, size)
     obs, actions = _window(B, size)
-    cfg = MCTSConfig(num_simulations=SIMS, backend="torch")
+    cfg = MCTSConfig(num_simulations=SIMS, backend=BACKEND)
 
     def run():
         gen = torch.Generator().manual_seed(0)
         return muzero_search(model, model.search_root(obs, actions), cfg, generator=gen)
 
     run()  # warm-up
-    out = benchmark.pedantic(run, rounds={1: 8, 8: 5}[B], iterations=1)
+    out = benchmark.pedantic(run, rounds={1: 8, 8: 5, 64: 2}[B], iterations=1)
     assert out.visit_counts.sum(-1).eq(SIMS).all()
     benchmark.extra_info["searches_per_s"] = B / benchmark.stats.stats.mean
 
@@ -75,4 +79,4 @@ def test_unizero_steps_only(benchmark, B, kv_cache, size):
         return state
 
     run()
-    benchmark.pedantic(run, rounds={1: 8, 8: 5}[B], iterations=1)
+    benchmark.pedantic(run, rounds={1: 8, 8: 5, 64: 2}[B], iterations=1)
