@@ -82,3 +82,30 @@ def test_the_search_never_writes_the_memory():
     expected = model.search_root(window, memory["history_action"], valid)
     got = policy.memory.root(model, td["observation"], memory)
     torch.testing.assert_close(got.policy_logits, expected.policy_logits)
+
+
+def test_after_new_weights_mid_episode_the_next_search_is_the_new_networks_alone():
+    """The KV-cache lifecycle rule of the issue ("a cache never outlives the weights that made it"), held by
+    construction: the memory keeps only raw observations, actions and a count (no latent, no keys/values) and
+    no search state lives on the model between calls. So after a publish in the middle of an episode the next
+    search equals a freshly built policy's with the new weights on the same rollout entries, and differs from
+    the old weights' search. Storing a latent or a KV cache in the memory, or on the module, fails this."""
+    old, new = _model(), _model()
+    torch.manual_seed(1)
+    new.load_state_dict({k: v + 0.05 * torch.randn_like(v) for k, v in new.state_dict().items()})
+    policy = _policy(old)
+    env = with_acting_memory(make_env(EnvConfig(), num_envs=2, seed=0), policy)
+    td = env.reset()
+    for _ in range(L + 1):  # a full window, built with the old weights acting
+        td = env.step_and_maybe_reset(policy(td))[1]
+    assert (td["history_count"] == L).all()
+    assert set(policy.memory.keys) == {"history_observation", "history_action", "history_count"}
+    assert set(policy.memory.spec(old).keys()) == set(policy.memory.keys)
+    before = policy(td.clone())  # old weights on this step
+    old.load_state_dict(new.state_dict())  # the publish, as a collector worker loads it
+    policy.generator.manual_seed(0)
+    after = policy(td.clone())
+    fresh = _policy(new)(td.clone())
+    assert torch.equal(after["search_policy"], fresh["search_policy"])
+    assert torch.equal(after["root_value"], fresh["root_value"])
+    assert not torch.equal(before["root_value"], after["root_value"])
