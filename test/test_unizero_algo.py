@@ -20,6 +20,11 @@ def test_loss_weights_come_from_algo_and_muzero_weights_are_refused(tmp_path):
     cfg = _cfg(tmp_path, **{"loss.value_loss_weight": 0.7})
     with pytest.raises(ConfigError, match="algo.value_loss_weight"):
         build_loss(cfg, build_model(cfg, (4,), 2))
+    cfg = _cfg(tmp_path, **{"loss.consistency_loss_weight": 1.0})
+    with pytest.raises(ConfigError, match="algo.latent_loss_weight"):
+        build_loss(cfg, build_model(cfg, (4,), 2))
+    cfg = _cfg(tmp_path, **{"loss.consistency_loss_weight": 0.0})  # an env group's "SimSiam off" (MemoryLen)
+    assert build_loss(cfg, build_model(cfg, (4,), 2)).latent_loss_weight == 10.0
 
 
 def test_max_blocks_must_hold_a_training_sample(tmp_path):
