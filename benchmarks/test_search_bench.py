@@ -93,3 +93,37 @@ def test_network_only_fused(benchmark, B):
     calls()
     benchmark.pedantic(calls, rounds=_rounds(B), iterations=1)
     benchmark.extra_info["searches_per_s"] = B / benchmark.stats.stats.mean
+
+
+def _step_flops(model) -> int:
+    """Floating-point operations of one search step's network (2 per multiply-add of every linear layer)."""
+    macs = sum(m.in_features * m.out_features for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and not name.startswith("representation"))
+    return 2 * macs
+
+
+@pytest.mark.parametrize("B", [64, 256])
+def test_network_roofline(benchmark, B):
+    """The ceiling of the network step on this CPU: its linear layers as torch (MKL / oneDNN) GEMMs, one thread.
+
+    The same layers ``[B, in] @ [in, out]`` the fused kernel runs per simulation (bias and activations left
+    out), timed as plain matrix products. ``gflops`` = the step's flops (``_step_flops``) / mean time; compare
+    with the fused kernel's own rate, ``_step_flops * B * SIMS / mean(test_network_only_fused[B])``: the gap is
+    all a better dense kernel could win, and it bounds any search's searches/s from above (docs/performance.md).
+    """
+    model = _model()
+    torch.set_num_threads(1)
+    shapes = [(m.in_features, m.out_features) for name, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and not name.startswith("representation")]
+    xs = [(torch.randn(B, i), torch.randn(i, o)) for i, o in shapes]
+
+    def calls():
+        for _ in range(SIMS):
+            for x, w in xs:
+                torch.mm(x, w)
+
+    calls()
+    benchmark.pedantic(calls, rounds=_rounds(B), iterations=1)
+    flops = _step_flops(model)
+    benchmark.extra_info["step_flops"] = flops
+    benchmark.extra_info["gflops"] = flops * B * SIMS / benchmark.stats.stats.mean / 1e9
