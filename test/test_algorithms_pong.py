@@ -26,6 +26,7 @@ def test_tiny_pong_runs_end_to_end(tmp_path, name):
         "train.total_env_steps=128", "train.train_start_after_envsteps=64", "train.frames_per_batch=32",
         "train.replay_ratio=0.1", "train.checkpoint_interval=5", "eval.num_episodes=1", "eval.interval=4",
         *(["algo.lstm_hidden_size=16"] if name == "efficientzero" else []),
+        *(["algo.embed_dim=16", "algo.num_heads=2"] if name == "unizero" else []),  # env_algo/Pong_unizero: 768
     ])
     assert cfg.model.kind == "resnet" and cfg.algo.name == name
     t0 = time.monotonic()

@@ -43,3 +43,31 @@ def test_context_length_zero_acts_from_the_current_observation(tmp_path):
     again = build_policy(cfg, model, None, generator=torch.Generator().manual_seed(0))
     search = again.search_fn(model, obs, again.config, add_noise=True, generator=torch.Generator().manual_seed(0))
     assert torch.equal(out["search_policy"], search.search_policy)
+
+
+def test_pong_takes_lightzeros_unizero_segment_settings_and_the_model_reads_one_rgb_frame():
+    """``env=Pong algo=unizero`` composes env_algo/Pong_unizero.yaml (LightZero's atari_unizero_segment_config:
+    one RGB 64x64 frame per token, embed 768, 8 heads, K = 10); other algorithms keep Pong's 4 stacked gray 96x96
+    frames, and a command-line key still wins."""
+    from pathlib import Path
+
+    from torchrl_muzero.envs import make_env
+    from torchrl_muzero.trainers.hydra_entry import compose_config
+
+    config_dir = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
+    cfg = load_config(compose_config(config_dir, ["env=Pong", "algo=unizero", "env.num_envs=1"]))
+    assert (cfg.env.frame_stack, cfg.env.screen_size, cfg.env.grayscale) == (1, 64, False)
+    assert (cfg.algo.embed_dim, cfg.algo.num_heads, cfg.buffer.num_unroll_steps) == (768, 8, 10)
+    muzero = load_config(compose_config(config_dir, ["env=Pong", "algo=muzero"]))
+    assert (muzero.env.frame_stack, muzero.env.screen_size, muzero.env.grayscale) == (4, 96, True)
+    assert compose_config(config_dir, ["env=Pong", "algo=unizero", "env.screen_size=96"]).env.screen_size == 96
+
+    env = make_env(cfg.env, num_envs=1, seed=0)
+    try:
+        obs = env.reset()["observation"]
+    finally:
+        env.close()
+    assert obs.shape == (1, 3, 64, 64) and obs.dtype == torch.uint8
+    cfg.algo.embed_dim, cfg.algo.num_heads, cfg.model.channels = 16, 2, 8  # the shape path, small
+    model = build_model(cfg, tuple(obs.shape[1:]), 6)
+    assert model.search_root(obs).value.shape == (1,)
