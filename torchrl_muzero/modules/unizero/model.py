@@ -75,6 +75,7 @@ from torchrl_muzero.modules.model import MuZeroModel
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport
 from torchrl_muzero.modules.unizero.encoder import MLPEncoder
+from torchrl_muzero.modules.unizero.fused import fused_unizero_weights
 from torchrl_muzero.modules.unizero.norm import make_latent_norm
 from torchrl_muzero.modules.unizero.transformer import CausalTransformer
 
@@ -454,6 +455,10 @@ class UniZeroModel(nn.Module):
         if kv is not None:
             child["kv"] = kv
         return ModelStep(child, reward, policy_logits, value)
+
+    def fused_unizero_weights(self) -> tuple[list[torch.Tensor], list[int], list[float]] | None:
+        """The C++ fused search's tensors for this model, or ``None`` when it cannot run it (:mod:`.fused`)."""
+        return fused_unizero_weights(self)
 
     @staticmethod
     def node_latent(state: TensorDictBase) -> torch.Tensor:
