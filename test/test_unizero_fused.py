@@ -187,3 +187,21 @@ def test_run_rules_reports_the_fused_search():
         root = _root(model, 2)
         tree = start_tree(root, 5, torch.ones(2, A, dtype=torch.bool), 0.997)
         assert run_rules(model, tree, MCTSConfig(num_simulations=5, backend="cpp"), PUCT(), PUCT(), 0.997) is fused
+
+
+def test_algo_unizero_acts_through_the_fused_search(tmp_path, monkeypatch):
+    from tensordict import TensorDict
+
+    from pipeline_utils import tiny_config
+    from torchrl_muzero.trainers import load_config
+    from torchrl_muzero.trainers.builders import build_model, build_policy
+
+    calls = []
+    fused = _cpp.cpp_unizero_search
+    monkeypatch.setattr(_cpp, "cpp_unizero_search", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    cfg = load_config(tiny_config(tmp_path, **{"algo.name": "unizero", "algo.embed_dim": 16,
+                                               "algo.context_length": 0}))
+    model = build_model(cfg, (4,), 2)
+    policy = build_policy(cfg, model, None, generator=torch.Generator().manual_seed(0))
+    out = policy(TensorDict({"observation": torch.randn(3, 4)}, [3]))
+    assert calls and out["search_policy"].sum(-1).allclose(torch.ones(3))
