@@ -205,3 +205,17 @@ def test_algo_unizero_acts_through_the_fused_search(tmp_path, monkeypatch):
     policy = build_policy(cfg, model, None, generator=torch.Generator().manual_seed(0))
     out = policy(TensorDict({"observation": torch.randn(3, 4)}, [3]))
     assert calls and out["search_policy"].sum(-1).allclose(torch.ones(3))
+
+
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_fused_root_equals_the_torch_root(kv_cache, monkeypatch):
+    import torchrl_muzero.modules.unizero.model as model_module
+
+    model = _model(kv_cache, "absolute", "layernorm")
+    fused = _root(model, 5)
+    monkeypatch.setattr(model_module, "fused_root", lambda *args: None)
+    ref = _root(model, 5)
+    for key in ref.state.keys():
+        _close(fused.state[key], ref.state[key], key)
+    _close(fused.policy_logits, ref.policy_logits, "logits")
+    _close(fused.value, ref.value, "value", atol=5e-4)

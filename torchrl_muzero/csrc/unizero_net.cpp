@@ -312,6 +312,31 @@ MZ_INLINE void uz_step_impl(const UzNet& net, UzScratch& sc, int64_t n, UzRows& 
   }
 }
 
+template <class V>
+MZ_INLINE void uz_root_impl(const UzNet& net, UzScratch& sc, const float* lat, const int64_t* act,
+                            int64_t T, float* kv, float* logits, float* value) {
+  const int64_t EP = round_up16(net.E);
+  full_forward<V>(net, sc, lat, act, T, kv != nullptr ? kv : sc.kv.data());
+  layer_norm(sc.x.data() + (T - 1) * EP, net.E, net.lnf_w.data(), net.lnf_b.data(), net.ln_eps,
+             sc.h.data());
+  heads<V>(net.lat_trunk, net.policy_out, net.value_out, sc, 1, EP);
+  std::copy_n(sc.out1.data(), net.A, logits);
+  *value = net.value_h(bin_expectation<V>(sc.out2.data(), net.value_bins.data(), net.V));
+}
+
+void uz_root_baseline(const UzNet& net, UzScratch& sc, const float* lat, const int64_t* act,
+                      int64_t T, float* kv, float* logits, float* value) {
+  uz_root_impl<v4f>(net, sc, lat, act, T, kv, logits, value);
+}
+
+#ifdef MZ_X86_AVX2_PATH
+__attribute__((target("avx2"))) void uz_root_avx2(const UzNet& net, UzScratch& sc,
+                                                  const float* lat, const int64_t* act, int64_t T,
+                                                  float* kv, float* logits, float* value) {
+  uz_root_impl<v8f>(net, sc, lat, act, T, kv, logits, value);
+}
+#endif
+
 void uz_step_baseline(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows, bool cache,
                       float* logits, float* prior) {
   uz_step_impl<v4f>(net, sc, n, rows, cache, logits, prior);
@@ -491,6 +516,15 @@ void uz_step(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows, bool cach
   if (!baseline && cpu_has_avx2()) return uz_step_avx2(net, sc, n, rows, cache, logits, prior);
 #endif
   uz_step_baseline(net, sc, n, rows, cache, logits, prior);
+}
+
+void uz_root(const UzNet& net, UzScratch& sc, const float* latents, const int64_t* actions,
+             int64_t length, float* kv, float* logits, float* value, bool baseline) {
+#ifdef MZ_X86_AVX2_PATH
+  if (!baseline && cpu_has_avx2())
+    return uz_root_avx2(net, sc, latents, actions, length, kv, logits, value);
+#endif
+  uz_root_baseline(net, sc, latents, actions, length, kv, logits, value);
 }
 
 }  // namespace tree_ops

@@ -114,6 +114,13 @@ UzScratch& thread_uz_scratch(const UzNet& net);
 void uz_step(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows,
              bool cache, float* logits, float* prior, bool baseline = false);
 
+// The root (model.root_from_latents after the packing): a full forward over
+// the first `length` tokens of one context, K/V into kv [MT, slot] when not
+// null (slots from `length` on are left as they are), the policy logits [A]
+// and the decoded value of its last (latent) token.
+void uz_root(const UzNet& net, UzScratch& sc, const float* latents, const int64_t* actions,
+             int64_t length, float* kv, float* logits, float* value, bool baseline = false);
+
 }  // namespace tree_ops
 
 #endif  // MZ_HAVE_MLP_SEARCH

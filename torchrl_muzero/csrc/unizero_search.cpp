@@ -108,6 +108,30 @@ std::vector<at::Tensor> unizero_recurrent(
   return {out_lat, out_act, out_len, out_kv, reward, logits, value, prior};
 }
 
+// The roots of model.root_from_latents from their packed node states (kv,
+// when given, zeros in: the window's slots are written). Returns
+// (policy_logits [B, A], value [B]).
+std::vector<at::Tensor> unizero_root(const std::vector<at::Tensor>& weights,
+                                     const std::vector<int64_t>& ints,
+                                     const std::vector<double>& floats, const at::Tensor& latents,
+                                     const at::Tensor& actions, const at::Tensor& length,
+                                     const c10::optional<at::Tensor>& kv, bool baseline) {
+  const UzNet& net = pack_unizero(weights, ints, floats);
+  check_tensor(length, "length", at::kLong, 1);
+  const int64_t B = length.size(0);
+  const UzState st = check_state(net, latents, actions, length, kv, {B});
+  for (int64_t b = 0; b < B; ++b) check_length(net, st.length[b], "a root");
+  auto logits = at::empty({B, net.A}, latents.options()), value = at::empty({B}, latents.options());
+  pybind11::gil_scoped_release no_gil;
+  UzScratch& sc = thread_uz_scratch(net);
+  const int64_t MB = net.MB, E = net.E, MT = net.MT, SF = net.slot_floats();
+  for (int64_t b = 0; b < B; ++b)
+    uz_root(net, sc, st.latents + b * MB * E, st.actions + b * MB, st.length[b],
+            st.kv != nullptr ? st.kv + b * MT * SF : nullptr,
+            logits.data_ptr<float>() + b * net.A, value.data_ptr<float>() + b, baseline);
+  return {logits, value};
+}
+
 // The whole search on a fresh tree whose root (node 0: children_prior,
 // children_logits, root_legal, raw_value and the node state) the caller has
 // filled: simulation s creates node s + 1, for s < N - 1, writing its state
@@ -218,6 +242,11 @@ void register_unizero(pybind11::module_& m) {
         py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("root_rule"),
         py::arg("root_params"), py::arg("interior_rule"), py::arg("interior_params"),
         py::arg("extra") = Extra{});
+  m.def("unizero_root", &unizero_root,
+        "The roots of UniZeroModel.root_from_latents (a full forward over each packed window; "
+        "`kv` None: no cache). Returns [policy_logits, value].",
+        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("latents"),
+        py::arg("actions"), py::arg("length"), py::arg("kv"), py::arg("baseline") = false);
   m.def("unizero_recurrent", &unizero_recurrent,
         "Test hook: the fused UniZero search's network step (search_step) for a batch of "
         "states (`kv` None: recompute mode; `baseline`: force the 4-wide build). Returns "

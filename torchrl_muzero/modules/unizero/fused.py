@@ -6,6 +6,8 @@ expansion (action token and predicted latent token through the transformer,
 the four heads, the decode) runs in the kernel, with the exact per-node KV
 cache (``kv_cache=True``) or a full recompute of the node's context
 (``kv_cache=False``): the same two modes as the torch model, in one engine.
+:func:`fused_root` is the root's window forward in the same kernel (the
+encoder stays in torch).
 
 :func:`fused_unizero_weights` says whether a model is one the kernel mirrors
 and returns its tensors; anything else (``on_overflow="error"``, a head
@@ -24,7 +26,7 @@ from torch import nn
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.unizero.norm import SimNorm
 
-__all__ = ["fused_unizero_weights", "fused_search_step", "UZ_STATE_KEYS"]
+__all__ = ["fused_unizero_weights", "fused_root", "fused_search_step", "UZ_STATE_KEYS"]
 
 #: The node-state keys of a UniZero tree in the cache mode (the recompute mode has no ``"kv"``).
 UZ_STATE_KEYS = ("latents", "actions", "length", "kv")
@@ -125,6 +127,34 @@ def fused_unizero_weights(model) -> tuple[list[torch.Tensor], list[int], list[fl
     return tensors, ints, floats
 
 
+def _kernel(name: str):
+    from torchrl_muzero.mcts import _cpp
+
+    ops = _cpp.load_tree_ops()
+    return None if ops is None else getattr(ops, name, None)
+
+
+def fused_root(model, state: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The root's ``(policy_logits, value)`` from its packed node state in one C++ call, or ``None``.
+
+    Used by :meth:`UniZeroModel.root_from_latents` when the kernel runs the
+    model: the window's full forward, its K/V (written into ``state["kv"]``,
+    which must be zeros, when the model caches) and the heads at the last
+    latent, without the ~2 ms of per-op dispatch of the torch forward. The
+    encoder stays in torch.
+    """
+    kernel = _kernel("unizero_root")
+    if kernel is None or state["latents"].device.type != "cpu" or state["latents"].dtype != torch.float32:
+        return None
+    fused = fused_unizero_weights(model)
+    if fused is None:
+        return None
+    kv = state["kv"] if model.kv_cache else None
+    logits, value = kernel(*fused, state["latents"].contiguous(), state["actions"].contiguous(),
+                           state["length"].contiguous(), kv, False)
+    return logits, value
+
+
 def fused_search_step(model, state: TensorDictBase, action: torch.Tensor, baseline: bool = False) -> ModelStep:
     """The C++ kernel's :meth:`UniZeroModel.search_step` on a batch of node states (the test hook).
 
@@ -132,16 +162,14 @@ def fused_search_step(model, state: TensorDictBase, action: torch.Tensor, baseli
     the recompute mode. ``baseline`` forces the kernel's 4-wide build.
     Raises ``RuntimeError`` if the kernel or this model is not supported.
     """
-    from torchrl_muzero.mcts import _cpp
-
     fused = fused_unizero_weights(model)
     if fused is None:
         raise RuntimeError(f"the fused UniZero step does not support this model: {model!r}")
-    ops = _cpp.load_tree_ops()
-    if ops is None or not hasattr(ops, "unizero_recurrent"):
+    kernel = _kernel("unizero_recurrent")
+    if kernel is None:
         raise RuntimeError("the C++ tree kernel (with unizero_recurrent) is unavailable")
     kv = state["kv"].contiguous() if model.kv_cache else None
-    latents, actions, length, kv, reward, logits, value, _ = ops.unizero_recurrent(
+    latents, actions, length, kv, reward, logits, value, _ = kernel(
         *fused, state["latents"].contiguous(), state["actions"].contiguous(),
         state["length"].contiguous(), kv, action.long().contiguous(), baseline,
     )

@@ -75,7 +75,7 @@ from torchrl_muzero.modules.model import MuZeroModel
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport
 from torchrl_muzero.modules.unizero.encoder import MLPEncoder
-from torchrl_muzero.modules.unizero.fused import fused_unizero_weights
+from torchrl_muzero.modules.unizero.fused import fused_root, fused_unizero_weights
 from torchrl_muzero.modules.unizero.norm import make_latent_norm
 from torchrl_muzero.modules.unizero.transformer import CausalTransformer
 
@@ -379,12 +379,16 @@ class UniZeroModel(nn.Module):
             state_actions[:, :K] = torch.where(steps[None, :K] < (n - 1)[:, None], packed_actions, -1)
         length = 2 * n - 1
         state = TensorDict({"latents": state_latents, "actions": state_actions, "length": length}, [B])
+        if self.kv_cache:
+            state["kv"] = self.transformer.empty_cache(B)
+        fused = fused_root(self, state)  # the same forward in one C++ call when the kernel runs this model
+        if fused is not None:
+            policy_logits, value = fused
+            return ModelStep(state, torch.zeros_like(value), policy_logits, value)
         h, kv = self._full(state_latents, state_actions, 2 * K + 1)
         if self.kv_cache:
-            cache = self.transformer.empty_cache(B)
             in_use = torch.arange(2 * K + 1, device=device)[None] < length[:, None]
-            cache[:, : 2 * K + 1] = kv * in_use[:, :, None, None, None, None]
-            state["kv"] = cache
+            state["kv"][:, : 2 * K + 1] = kv * in_use[:, :, None, None, None, None]
         rows = torch.arange(B, device=device)
         policy_logits, value_logits = self._latent_heads(h[rows, length - 1])
         value = self.value_support.decode_fast(value_logits)
