@@ -4,10 +4,12 @@ The rows of test_unizero_search_bench.py measured one after the other drift
 with the load of a shared machine; here every round runs the four engines
 back to back (the order rotated each round) and the medians are compared, so
 a ratio is taken under one load. Same models, roots and search as the
-pytest benchmark (50 simulations, one torch thread, the root encoded in torch
-inside every timed search).
+pytest benchmark (50 simulations, one torch thread, ``search_root`` inside
+every timed search). The clock is the process's CPU time by default (one
+thread, so that is the search's own time; on a shared 2-core machine the wall
+clock mostly measures the other processes), ``--wall`` for the wall clock.
 
-Run: python benchmarks/unizero_cache_ratio.py [--sizes cartpole long] [--batches 1 8 64]
+Run: python benchmarks/unizero_cache_ratio.py [--sizes cartpole long] [--batches 1 8 64] [--wall]
 """
 from __future__ import annotations
 
@@ -48,9 +50,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64])
     parser.add_argument("--skip", nargs="*", default=[], help="engines to leave out, e.g. 'torch-step recompute'")
+    parser.add_argument("--wall", action="store_true", help="wall clock instead of the process's CPU time")
     args = parser.parse_args(argv)
+    clock = time.perf_counter if args.wall else time.process_time
     torch.set_num_threads(1)
-    print(f"load before: {os.getloadavg()[0]:.2f}")
+    print(f"clock: {'wall' if args.wall else 'process CPU time'}; load before: {os.getloadavg()[0]:.2f}")
     print("| size | B | " + " | ".join(f"{e} (searches/s)" for e in ENGINES)
           + " | fused cache / fused recompute | fused cache / torch-step cache |")
     print("|---|---|" + "---|" * (len(ENGINES) + 2))
@@ -63,9 +67,9 @@ def main(argv: list[str] | None = None) -> None:
             times = {e: [] for e in engines}
             for r in range(ROUNDS.get(B, 2)):
                 for e in engines[r % len(engines):] + engines[: r % len(engines)]:
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     runs[e]()
-                    times[e].append(time.perf_counter() - t0)
+                    times[e].append(clock() - t0)
             med = {e: statistics.median(t) for e, t in times.items()}
             cells = [f"{B / med[e]:,.1f}" if e in med else "" for e in ENGINES]
             ratio = med["fused recompute"] / med["fused cache"] if "fused recompute" in med else float("nan")
