@@ -61,6 +61,14 @@ documented rule, never by a cache miss.
 a full forward over the node's whole context (twice: for the action token,
 then for the new latent token). It exists as the reference and the baseline
 of benchmarks/test_unizero_search_bench.py.
+
+Fused search. With the C++ kernel on CPU the search runs every simulation in
+one call (:mod:`.fused`, ``csrc/unizero_net.h``), this step's arithmetic in
+either mode; there each node computes only its own two tokens' keys/values
+and reads its ancestors' through the tree's parent links (the same cache,
+keyed by tree node, without the per-expansion copy), and the node states are
+completed to this layout at the end. The root's window forward runs in the
+same kernel (:meth:`root_from_latents`); the encoder stays in torch.
 """
 from __future__ import annotations
 
