@@ -8,6 +8,13 @@ keys/values; ``kv_cache=False`` runs two full causal forwards over the node's
 whole context per expansion (same outputs and visit counts, tested in
 test/test_unizero_model.py). Speed-up = mean(recompute) / mean(cache).
 
+Engines: ``fused`` runs every simulation in one C++ call (csrc/unizero_net.h:
+the transformer step in C++, the cache keyed by tree node, or the full
+recompute), ``torch_step`` calls the torch ``search_step`` per simulation
+(the tree bookkeeping in C++ with UZ_BACKEND=cpp). Both modes of one engine
+are the cache-vs-recompute comparison; the fused engine is what ``auto``
+picks when the kernel is built.
+
 Run: python -m pytest benchmarks/test_unizero_search_bench.py --benchmark-only
      --benchmark-columns=mean,median,rounds
 """
@@ -43,17 +50,28 @@ def _window(B: int, size: str = "cartpole"):
     return torch.randn(B, K + 1, 4, generator=g), torch.randint(ACTIONS, (B, K), generator=g)
 
 
+class _TorchStep:
+    """The model seen through its torch ``search_step`` only (no ``fused_unizero_weights``): the per-step path."""
+
+    def __init__(self, model: UniZeroModel) -> None:
+        self.search_step = model.search_step
+
+
+@pytest.mark.parametrize("engine", ["fused", "torch_step"])
 @pytest.mark.parametrize("size", list(SIZES))
 @pytest.mark.parametrize("B", BATCHES)
 @pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
-def test_unizero_search(benchmark, B, kv_cache, size):
+def test_unizero_search(benchmark, B, kv_cache, size, engine):
     model = _model(kv_cache, size)
+    searched = model if engine == "fused" else _TorchStep(model)
+    if engine == "fused" and model.fused_unizero_weights() is None:
+        pytest.skip("the fused UniZero search does not run this model")
     obs, actions = _window(B, size)
     cfg = MCTSConfig(num_simulations=SIMS, backend=BACKEND)
 
     def run():
         gen = torch.Generator().manual_seed(0)
-        return muzero_search(model, model.search_root(obs, actions), cfg, generator=gen)
+        return muzero_search(searched, model.search_root(obs, actions), cfg, generator=gen)
 
     run()  # warm-up
     out = benchmark.pedantic(run, rounds={1: 8, 8: 5, 64: 2}[B], iterations=1)

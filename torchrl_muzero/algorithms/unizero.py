@@ -16,8 +16,11 @@
 * Acting: the root sees the env's last ``algo.context_length`` raw
   observations and actions (:class:`~torchrl_muzero.mcts.history_memory.HistoryWindowMemory`),
   encoded with the current weights every step.
-* Search: MuZero's pUCT search over the model's exact per-node KV cache
-  (the torch path of the model calls; no fused kernel).
+* Search: MuZero's pUCT search over the model's exact per-node KV cache;
+  with the C++ kernel on CPU every simulation runs in one call, the
+  transformer step included (``csrc/unizero_net.h``, taken by
+  ``run_rules`` for a model ``fused_unizero_weights`` accepts; others keep
+  the torch step).
 * Replay: MuZero's targets, with the future observations (the latent term).
 """
 from __future__ import annotations

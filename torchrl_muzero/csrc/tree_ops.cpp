@@ -25,7 +25,10 @@
 //   stochastic_net.*, stochastic_search.cpp
 //                  the same for Stochastic MuZero's two-kind step;
 //   ez_net.*       EfficientZero's value-prefix step (LSTM, LayerNorm);
-//   ez_search.cpp  the fused EfficientZero search.
+//   ez_search.cpp  the fused EfficientZero search;
+//   unizero_net.*, unizero_search.cpp
+//                  UniZero's transformer step (per-node KV cache or full
+//                  recompute) and its fused search.
 //
 // `select` and `mlp_search` take the two rules by name plus their float
 // parameters (mcts/rules.py's `cpp_rule` / `cpp_params`) and the tensors of
@@ -37,11 +40,13 @@
 
 namespace tree_ops {
 
-// Defined in mlp_search.cpp, stochastic_search.cpp and ez_search.cpp (empty
+// Defined in mlp_search.cpp, stochastic_search.cpp, ez_search.cpp and
+// unizero_search.cpp (empty
 // without GCC/Clang vector extensions).
 void register_mlp(pybind11::module_& m);
 void register_stochastic(pybind11::module_& m);
 void register_ez(pybind11::module_& m);
+void register_unizero(pybind11::module_& m);
 
 namespace {
 
@@ -192,4 +197,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   tree_ops::register_mlp(m);
   tree_ops::register_stochastic(m);
   tree_ops::register_ez(m);
+  tree_ops::register_unizero(m);
 }

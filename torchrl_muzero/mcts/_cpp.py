@@ -43,6 +43,7 @@ __all__ = [
     "cpp_stochastic_search",
     "cpp_ez_search",
     "EZ_STATE_KEYS",
+    "cpp_unizero_search",
     "bind_cpp_search",
     "has_gumbel_readout",
     "cpp_gumbel_readout",
@@ -54,7 +55,7 @@ _EXPECTED_VERSION = 2
 
 # The kernel's translation units (keep in step with setup.py's list).
 _SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp", "stochastic_net.cpp", "stochastic_search.cpp",
-            "ez_net.cpp", "ez_search.cpp")
+            "ez_net.cpp", "ez_search.cpp", "unizero_net.cpp", "unizero_search.cpp")
 
 _lock = threading.Lock()
 _loaded = False  # the load is attempted once per process; failures are sticky
@@ -400,6 +401,27 @@ def cpp_ez_search(tree: Tree, fused: tuple, root_rule, interior_rule) -> None:
     _fused_kernel("ez_search", "EfficientZero")(
         *_fused_tree_arrays(tree), *(tree.embeddings.get(key) for key in EZ_STATE_KEYS), tensors,
         float(reward_eps), float(value_eps), float(ln_eps), int(horizon),
+        *_fused_rule_arguments(tree, root_rule, interior_rule),
+    )
+
+
+def cpp_unizero_search(tree: Tree, fused: tuple, root_rule, interior_rule) -> None:
+    """Every simulation of a search for ``UniZeroModel`` in one C++ call, in place.
+
+    As :func:`cpp_ez_search`, for the transformer world model: ``fused`` is
+    ``fused_unizero_weights(model)`` (:mod:`torchrl_muzero.modules.unizero.fused`)
+    and ``tree.embeddings`` the TensorDict node state of ``search_root``
+    (``latents``, ``actions``, ``length`` and, with the KV cache, ``kv``;
+    contiguous), which the kernel fills for every new node as
+    ``search_step`` would. With ``kv`` each new token attends to the cached
+    keys/values of its ancestors (found through the parent links), else the
+    node's whole context is recomputed at every expansion.
+    """
+    tensors, ints, floats = fused
+    emb = tree.embeddings
+    _fused_kernel("unizero_search", "UniZero")(
+        *_fused_tree_arrays(tree), emb.get("latents"), emb.get("actions"), emb.get("length"),
+        emb.get("kv") if "kv" in emb.keys() else None, tensors, ints, floats,
         *_fused_rule_arguments(tree, root_rule, interior_rule),
     )
 

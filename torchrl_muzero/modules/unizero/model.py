@@ -61,6 +61,14 @@ documented rule, never by a cache miss.
 a full forward over the node's whole context (twice: for the action token,
 then for the new latent token). It exists as the reference and the baseline
 of benchmarks/test_unizero_search_bench.py.
+
+Fused search. With the C++ kernel on CPU the search runs every simulation in
+one call (:mod:`.fused`, ``csrc/unizero_net.h``), this step's arithmetic in
+either mode; there each node computes only its own two tokens' keys/values
+and reads its ancestors' through the tree's parent links (the same cache,
+keyed by tree node, without the per-expansion copy), and the node states are
+completed to this layout at the end. The root's window forward runs in the
+same kernel (:meth:`root_from_latents`); the encoder stays in torch.
 """
 from __future__ import annotations
 
@@ -75,6 +83,7 @@ from torchrl_muzero.modules.model import MuZeroModel
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport
 from torchrl_muzero.modules.unizero.encoder import MLPEncoder
+from torchrl_muzero.modules.unizero.fused import fused_root, fused_unizero_weights
 from torchrl_muzero.modules.unizero.norm import make_latent_norm
 from torchrl_muzero.modules.unizero.transformer import CausalTransformer
 
@@ -378,12 +387,16 @@ class UniZeroModel(nn.Module):
             state_actions[:, :K] = torch.where(steps[None, :K] < (n - 1)[:, None], packed_actions, -1)
         length = 2 * n - 1
         state = TensorDict({"latents": state_latents, "actions": state_actions, "length": length}, [B])
+        if self.kv_cache:
+            state["kv"] = self.transformer.empty_cache(B)
+        fused = fused_root(self, state)  # the same forward in one C++ call when the kernel runs this model
+        if fused is not None:
+            policy_logits, value = fused
+            return ModelStep(state, torch.zeros_like(value), policy_logits, value)
         h, kv = self._full(state_latents, state_actions, 2 * K + 1)
         if self.kv_cache:
-            cache = self.transformer.empty_cache(B)
             in_use = torch.arange(2 * K + 1, device=device)[None] < length[:, None]
-            cache[:, : 2 * K + 1] = kv * in_use[:, :, None, None, None, None]
-            state["kv"] = cache
+            state["kv"][:, : 2 * K + 1] = kv * in_use[:, :, None, None, None, None]
         rows = torch.arange(B, device=device)
         policy_logits, value_logits = self._latent_heads(h[rows, length - 1])
         value = self.value_support.decode_fast(value_logits)
@@ -454,6 +467,10 @@ class UniZeroModel(nn.Module):
         if kv is not None:
             child["kv"] = kv
         return ModelStep(child, reward, policy_logits, value)
+
+    def fused_unizero_weights(self) -> tuple[list[torch.Tensor], list[int], list[float]] | None:
+        """The C++ fused search's tensors for this model, or ``None`` when it cannot run it (:mod:`.fused`)."""
+        return fused_unizero_weights(self)
 
     @staticmethod
     def node_latent(state: TensorDictBase) -> torch.Tensor:

@@ -1,0 +1,221 @@
+"""The fused C++ UniZero search (csrc/unizero_net.h): its step against UniZeroModel.search_step, the
+exactness of its per-node KV cache, whole searches against the torch path, and the fallback."""
+import pytest
+import torch
+
+from torchrl_muzero.mcts import MCTSConfig, _cpp
+from torchrl_muzero.mcts.search import muzero_search
+from torchrl_muzero.modules.unizero import UniZeroModel
+from torchrl_muzero.modules.unizero.fused import fused_search_step, fused_unizero_weights
+
+_ops = _cpp.load_tree_ops()
+pytestmark = pytest.mark.skipif(
+    _ops is None or not hasattr(_ops, "unizero_search"), reason="C++ kernel with unizero_search not built"
+)
+
+A = 3
+SIZES = dict(embed_dim=32, num_layers=2, num_heads=2, context_length=2, max_blocks=5,
+             value_support_size=10, reward_support_size=10)
+
+
+def _model(kv_cache=True, position="rope", latent_norm="simnorm", seed=0, **kw):
+    torch.manual_seed(seed)
+    model = UniZeroModel((4,), A, position=position, latent_norm=latent_norm, kv_cache=kv_cache,
+                         **{**SIZES, **kw}).eval()
+    with torch.no_grad():  # the GPT init (std 0.02) makes every head nearly constant: widen it
+        for p in model.parameters():
+            p.add_(0.15 * torch.randn_like(p))
+    return model
+
+
+def _root(model, B, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    K = model.context_length
+    obs, actions = torch.randn(B, K + 1, 4, generator=g), torch.randint(A, (B, K), generator=g)
+    valid = torch.ones(B, K + 1, dtype=torch.bool)
+    valid[: B // 3, :K] = False  # some rows start an episode: ragged windows
+    return model.search_root(obs, actions, valid)
+
+
+def _close(a, b, what, atol=2e-5, rtol=2e-5):
+    assert torch.allclose(a, b, atol=atol, rtol=rtol), (what, (a - b).abs().max().item())
+
+
+def _full_reference(model, state):
+    """A full causal forward over each row's whole context: (h at its last two slots, kv)."""
+    B, L = state["length"].shape[0], int(state["length"].max())
+    h, kv = model._full(state["latents"], state["actions"], L)
+    rows = torch.arange(B)
+    return h[rows, state["length"] - 2], h[rows, state["length"] - 1], kv
+
+
+CONFIGS = [("rope", "simnorm"), ("absolute", "layernorm"), ("rope", "layernorm")]
+
+
+@pytest.mark.parametrize("position,norm", CONFIGS)
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_step_matches_search_step_at_every_depth(kv_cache, position, norm):
+    # Depth 3+ crosses the context limit (max_blocks=5): the slide and its rebuild are covered.
+    model = _model(kv_cache, position, norm)
+    state = _root(model, 6).state
+    g = torch.Generator().manual_seed(1)
+    for depth in range(7):
+        action = torch.randint(A, (6,), generator=g)
+        ref = model.search_step(state, action)
+        out = fused_search_step(model, state, action)
+        for key in ref.state.keys():
+            if key in ("actions", "length"):
+                assert torch.equal(out.state[key], ref.state[key]), (depth, key)
+            else:
+                _close(out.state[key], ref.state[key], (depth, key))
+        _close(out.reward, ref.reward, (depth, "reward"), atol=5e-4)
+        _close(out.value, ref.value, (depth, "value"), atol=5e-4)
+        _close(out.policy_logits, ref.policy_logits, (depth, "logits"))
+        state = ref.state
+
+
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_cached_inference_equals_a_full_forward(kv_cache):
+    # Chained fused steps (each from the previous fused state): the outputs at the new action and
+    # latent tokens are those of one full forward over the node's token sequence (the slid window
+    # after the context limit), and the cached keys/values are that forward's.
+    model = _model(kv_cache)
+    state = _root(model, 5).state
+    g = torch.Generator().manual_seed(2)
+    for depth in range(7):
+        out = fused_search_step(model, state, torch.randint(A, (5,), generator=g))
+        h_action, h_latent, kv = _full_reference(model, out.state)
+        policy_logits, value_logits = model._latent_heads(h_latent)
+        reward_logits, next_latent = model._action_heads(h_action)
+        reward, value = model._decode(reward_logits, value_logits)
+        _close(model.node_latent(out.state), next_latent, (depth, "latent"))
+        _close(out.policy_logits, policy_logits, (depth, "logits"))
+        _close(out.value, value, (depth, "value"), atol=5e-4)
+        _close(out.reward, reward, (depth, "reward"), atol=5e-4)
+        if kv_cache:
+            used = torch.arange(kv.shape[1])[None] < out.state["length"][:, None]
+            cached = out.state["kv"][:, : kv.shape[1]]
+            _close(cached * used[..., None, None, None, None], kv * used[..., None, None, None, None],
+                   (depth, "kv"))
+            assert out.state["kv"][:, kv.shape[1]:].eq(0).all()
+        state = out.state
+
+
+def test_vector_widths_agree_bitwise():
+    model = _model(True, "absolute", "simnorm")
+    state = _root(model, 9).state
+    action = torch.randint(A, (9,), generator=torch.Generator().manual_seed(3))
+    wide, narrow = fused_search_step(model, state, action), fused_search_step(model, state, action, baseline=True)
+    assert torch.equal(wide.state["kv"], narrow.state["kv"]) and torch.equal(wide.value, narrow.value)
+    assert torch.equal(wide.policy_logits, narrow.policy_logits)
+
+
+def _search(model, root, backend, sims=30, seed=0, add_noise=True):
+    cfg = MCTSConfig(num_simulations=sims, backend=backend)
+    return muzero_search(model, root, cfg, add_noise=add_noise, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_search_matches_torch_path(kv_cache):
+    same = total = 0
+    for seed in range(3):
+        model = _model(kv_cache, seed=seed)
+        root = _root(model, 8, seed)
+        ref, fused = _search(model, root, "torch", seed=seed), _search(model, root, "cpp", seed=seed)
+        assert fused.visit_counts.sum(-1).eq(30).all()
+        equal = ref.visit_counts.eq(fused.visit_counts).all(-1)
+        trees = ref.tree.children_index.eq(fused.tree.children_index).flatten(1).all(-1)
+        v_ref, v_fused = ref.root_value[trees].double(), fused.root_value[trees].double()
+        assert ((v_ref - v_fused).abs() <= 1e-3 + 1e-4 * v_ref.abs()).all()
+        same += int(equal.sum())
+        total += 8
+    assert same >= 0.9 * total, (same, total)  # near-ties may go the other way (float rounding)
+
+
+def test_search_node_states_equal_search_step():
+    # After a fused cached search every node's state (latents, actions, length and the completed
+    # K/V buffer) is what search_step gives from its parent's state.
+    model = _model(True)
+    result = _search(model, _root(model, 4), "cpp", sims=40)
+    tree = result.tree
+    n = torch.arange(1, tree.num_nodes)
+    for b in range(4):
+        parents, actions = tree.parent[b, n].long(), tree.action_from_parent[b, n].long()
+        ref = model.search_step(tree.embeddings[b][parents], actions)
+        got = tree.embeddings[b][n]
+        assert torch.equal(got["length"], ref.state["length"]) and torch.equal(got["actions"], ref.state["actions"])
+        _close(got["latents"], ref.state["latents"], "latents")
+        _close(got["kv"], ref.state["kv"], "kv")
+        _close(tree.raw_value[b, n], ref.value, "value", atol=5e-4)
+
+
+def test_fused_search_is_batch_invariant():
+    model = _model(True)
+    root = _root(model, 7)
+    batch = _search(model, root, "cpp", add_noise=False)
+    for i in (0, 3, 6):
+        one = _search(model, type(root)(root.state[i : i + 1], root.reward[i : i + 1],
+                                        root.policy_logits[i : i + 1], root.value[i : i + 1]),
+                      "cpp", add_noise=False)
+        for name, t in one.tree.tensors().items():
+            assert bool((t[0] == getattr(batch.tree, name)[i]).all()), name
+
+
+def test_unsupported_models_fall_back_to_the_torch_step():
+    assert fused_unizero_weights(_model(True)) is not None
+    unsupported = [_model(True, on_overflow="error", max_blocks=10), _model(True, num_heads=8)]  # head_dim 4
+    double = _model(True).double()
+    unsupported.append(double)
+    for model in unsupported:
+        assert fused_unizero_weights(model) is None
+    model = unsupported[0]
+    root = _root(model, 2)
+    out = _search(model, root, "cpp", sims=6)
+    ref = _search(model, root, "torch", sims=6)
+    assert torch.equal(out.visit_counts, ref.visit_counts)  # the torch step on the C++ tree: same math
+    with pytest.raises(RuntimeError, match="does not support"):
+        fused_search_step(model, root.state, torch.zeros(2, dtype=torch.long))
+
+
+def test_run_rules_reports_the_fused_search():
+    from torchrl_muzero.mcts.loop import start_tree
+    from torchrl_muzero.mcts.rules import PUCT
+    from torchrl_muzero.mcts.search import run_rules
+
+    cases = ((_model(True), True), (_model(False), True), (_model(True, on_overflow="error", max_blocks=10), False))
+    for model, fused in cases:
+        root = _root(model, 2)
+        tree = start_tree(root, 5, torch.ones(2, A, dtype=torch.bool), 0.997)
+        assert run_rules(model, tree, MCTSConfig(num_simulations=5, backend="cpp"), PUCT(), PUCT(), 0.997) is fused
+
+
+def test_algo_unizero_acts_through_the_fused_search(tmp_path, monkeypatch):
+    from tensordict import TensorDict
+
+    from pipeline_utils import tiny_config
+    from torchrl_muzero.trainers import load_config
+    from torchrl_muzero.trainers.builders import build_model, build_policy
+
+    calls = []
+    fused = _cpp.cpp_unizero_search
+    monkeypatch.setattr(_cpp, "cpp_unizero_search", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    cfg = load_config(tiny_config(tmp_path, **{"algo.name": "unizero", "algo.embed_dim": 16,
+                                               "algo.context_length": 0}))
+    model = build_model(cfg, (4,), 2)
+    policy = build_policy(cfg, model, None, generator=torch.Generator().manual_seed(0))
+    out = policy(TensorDict({"observation": torch.randn(3, 4)}, [3]))
+    assert calls and out["search_policy"].sum(-1).allclose(torch.ones(3))
+
+
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_fused_root_equals_the_torch_root(kv_cache, monkeypatch):
+    import torchrl_muzero.modules.unizero.model as model_module
+
+    model = _model(kv_cache, "absolute", "layernorm")
+    fused = _root(model, 5)
+    monkeypatch.setattr(model_module, "fused_root", lambda *args: None)
+    ref = _root(model, 5)
+    for key in ref.state.keys():
+        _close(fused.state[key], ref.state[key], key)
+    _close(fused.policy_logits, ref.policy_logits, "logits")
+    _close(fused.value, ref.value, "value", atol=5e-4)

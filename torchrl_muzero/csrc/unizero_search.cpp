@@ -1,0 +1,267 @@
+// The fused search for UniZeroModel: every simulation of a search in one call
+// (select with the given rules, the transformer step of unizero_net.h with
+// the per-node KV cache or a full recompute, expand and backup), the GIL
+// released throughout. Also the step's test hook (unizero_recurrent) and the
+// registration.
+#include "unizero_net.h"
+#include "dispatch.h"
+#include "fused_loop.h"
+
+#ifdef MZ_HAVE_MLP_SEARCH
+
+namespace tree_ops {
+namespace {
+
+// The node state's leaves (model.py: latents, actions, length, kv) for
+// `rows` rows; kv is absent (undefined) in recompute mode.
+struct UzState {
+  float* latents;
+  int64_t* actions;
+  int64_t* length;
+  float* kv;
+};
+
+UzState check_state(const UzNet& net, const at::Tensor& latents, const at::Tensor& actions,
+                    const at::Tensor& length, const c10::optional<at::Tensor>& kv,
+                    at::IntArrayRef rows) {
+  const int64_t dim = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> lat(rows.begin(), rows.end()), act = lat, cache = lat;
+  lat.insert(lat.end(), {net.MB, net.E});
+  act.push_back(net.MB);
+  cache.insert(cache.end(), {net.MT, net.L, 2, net.H, net.Dh});
+  check_tensor(latents, "latents", at::kFloat, dim + 2);
+  check_shape(latents, "latents", lat);
+  check_tensor(actions, "actions", at::kLong, dim + 1);
+  check_shape(actions, "actions", act);
+  check_tensor(length, "length", at::kLong, dim);
+  check_shape(length, "length", rows);
+  float* kv_ptr = nullptr;
+  if (kv.has_value() && kv->defined()) {
+    check_tensor(*kv, "kv", at::kFloat, dim + 5);
+    check_shape(*kv, "kv", cache);
+    kv_ptr = kv->data_ptr<float>();
+  }
+  return {latents.data_ptr<float>(), actions.data_ptr<int64_t>(), length.data_ptr<int64_t>(),
+          kv_ptr};
+}
+
+void check_length(const UzNet& net, int64_t len, const char* what) {
+  TORCH_CHECK(len >= 1 && len % 2 == 1 && len < net.MT, "unizero_search: ", what,
+              " has length ", len, "; a node's context holds an odd number of tokens below ",
+              net.MT);
+}
+
+// Test hook: search_step for a batch of states (kv given: cache mode, its
+// slots below each length must be filled as search_root / search_step fill
+// them). Returns (latents, actions, length, kv (empty in recompute mode),
+// reward, policy_logits, value, prior).
+std::vector<at::Tensor> unizero_recurrent(
+    const std::vector<at::Tensor>& weights, const std::vector<int64_t>& ints,
+    const std::vector<double>& floats, const at::Tensor& latents, const at::Tensor& actions,
+    const at::Tensor& length, const c10::optional<at::Tensor>& kv, const at::Tensor& action,
+    bool baseline) {
+  const UzNet& net = pack_unizero(weights, ints, floats);
+  check_tensor(action, "action", at::kLong, 1);
+  const int64_t B = action.size(0);
+  const UzState in = check_state(net, latents, actions, length, kv, {B});
+  const bool cache = in.kv != nullptr;
+  const int64_t* act = action.data_ptr<int64_t>();
+  for (int64_t i = 0; i < B; ++i) {
+    TORCH_CHECK(act[i] >= 0 && act[i] < net.A, "unizero_search: action ", act[i],
+                " out of range [0, ", net.A, ")");
+    check_length(net, in.length[i], "a state");
+  }
+  auto out_lat = at::empty_like(latents), out_act = at::empty_like(actions);
+  auto out_len = at::empty_like(length);
+  auto out_kv = cache ? kv->clone() : at::empty({0}, latents.options());
+  const auto opts = latents.options();
+  auto reward = at::empty({B}, opts), value = at::empty({B}, opts);
+  auto logits = at::empty({B, net.A}, opts), prior = at::empty({B, net.A}, opts);
+  pybind11::gil_scoped_release no_gil;
+  UzScratch& sc = thread_uz_scratch(net);
+  const int64_t MB = net.MB, E = net.E, MT = net.MT, SF = net.slot_floats(), A = net.A;
+  std::vector<const float*> tables(kGroup * MT);
+  UzRows rows;
+  for (int64_t g = 0; g < B; g += kGroup) {
+    const int64_t n = std::min(kGroup, B - g);
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t b = g + s;
+      rows.p_latents[s] = in.latents + b * MB * E;
+      rows.p_actions[s] = in.actions + b * MB;
+      rows.p_length[s] = in.length[b];
+      rows.action[s] = act[b];
+      rows.c_latents[s] = out_lat.data_ptr<float>() + b * MB * E;
+      rows.c_actions[s] = out_act.data_ptr<int64_t>() + b * MB;
+      rows.slots[s] = tables.data() + s * MT;
+      rows.c_kv[s] = cache ? out_kv.data_ptr<float>() + b * MT * SF : nullptr;
+      if (cache)  // the parent's slots, copied into the child's buffer with it
+        for (int64_t i = 0; i < in.length[b]; ++i) rows.slots[s][i] = rows.c_kv[s] + i * SF;
+    }
+    uz_step(net, sc, n, rows, cache, logits.data_ptr<float>() + g * A,
+            prior.data_ptr<float>() + g * A, baseline);
+    for (int64_t s = 0; s < n; ++s) {
+      out_len.data_ptr<int64_t>()[g + s] = rows.c_length[s];
+      reward.data_ptr<float>()[g + s] = rows.reward[s];
+      value.data_ptr<float>()[g + s] = rows.value[s];
+    }
+  }
+  return {out_lat, out_act, out_len, out_kv, reward, logits, value, prior};
+}
+
+// The roots of model.root_from_latents from their packed node states (kv,
+// when given, zeros in: the window's slots are written). Returns
+// (policy_logits [B, A], value [B]).
+std::vector<at::Tensor> unizero_root(const std::vector<at::Tensor>& weights,
+                                     const std::vector<int64_t>& ints,
+                                     const std::vector<double>& floats, const at::Tensor& latents,
+                                     const at::Tensor& actions, const at::Tensor& length,
+                                     const c10::optional<at::Tensor>& kv, bool baseline) {
+  const UzNet& net = pack_unizero(weights, ints, floats);
+  check_tensor(length, "length", at::kLong, 1);
+  const int64_t B = length.size(0);
+  const UzState st = check_state(net, latents, actions, length, kv, {B});
+  for (int64_t b = 0; b < B; ++b) check_length(net, st.length[b], "a root");
+  auto logits = at::empty({B, net.A}, latents.options()), value = at::empty({B}, latents.options());
+  pybind11::gil_scoped_release no_gil;
+  UzScratch& sc = thread_uz_scratch(net);
+  const int64_t MB = net.MB, E = net.E, MT = net.MT, SF = net.slot_floats();
+  for (int64_t b = 0; b < B; ++b)
+    uz_root(net, sc, st.latents + b * MB * E, st.actions + b * MB, st.length[b],
+            st.kv != nullptr ? st.kv + b * MT * SF : nullptr,
+            logits.data_ptr<float>() + b * net.A, value.data_ptr<float>() + b, baseline);
+  return {logits, value};
+}
+
+// The whole search on a fresh tree whose root (node 0: children_prior,
+// children_logits, root_legal, raw_value and the node state) the caller has
+// filled: simulation s creates node s + 1, for s < N - 1, writing its state
+// (the [B, N, ...] leaves of tree.embeddings), raw value, prior logits and
+// prior, and the edge reward; every edge keeps its children_discount.
+// With kv (cache mode) each node writes only its own slots while the search
+// runs and reads its ancestors' through the parent links; at the end every
+// node's buffer is completed with its ancestors' slots.
+void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
+                    const at::Tensor& parent, const at::Tensor& action_from_parent,
+                    const at::Tensor& children_index, const at::Tensor& children_prior,
+                    const at::Tensor& children_reward, const at::Tensor& children_discount,
+                    const at::Tensor& children_logits, const at::Tensor& raw_value,
+                    const at::Tensor& min_q, const at::Tensor& max_q,
+                    const at::Tensor& root_legal, const at::Tensor& latents,
+                    const at::Tensor& actions, const at::Tensor& length,
+                    const c10::optional<at::Tensor>& kv, const std::vector<at::Tensor>& weights,
+                    const std::vector<int64_t>& ints, const std::vector<double>& floats,
+                    const std::string& root_rule, const std::vector<double>& root_params,
+                    const std::string& interior_rule,
+                    const std::vector<double>& interior_params, const Extra& extra) {
+  TreeArrays t = check_tree(visit_count, value_sum, children_index, children_prior,
+                            children_reward, children_discount, min_q, max_q);
+  check_links(t, parent, action_from_parent);
+  check_descent_inputs(t, root_legal, children_logits, raw_value);
+  const RuleSpec root = parse_rule(root_rule, root_params, true);
+  const RuleSpec interior = parse_rule(interior_rule, interior_params, false);
+  const int64_t B = t.B, N = t.N, A = t.A;
+  const UzNet& net = pack_unizero(weights, ints, floats);
+  TORCH_CHECK(net.A == A, "unizero_search: the model has ", net.A, " actions, the tree ", A);
+  const UzState st = check_state(net, latents, actions, length, kv, {B, N});
+  const bool cache = st.kv != nullptr;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(t.vc[b * N] == 0 && (N < 2 || t.par[b * N + 1] == -1), "unizero_search: tree ",
+                b, " was searched already; pass a fresh tree from allocate_tree");
+    check_length(net, st.length[b * N], "a root");
+  }
+  const int64_t MB = net.MB, E = net.E, MT = net.MT, SF = net.slot_floats();
+
+  with_rules(root, interior, t, extra, [&](const auto& rr, const auto& ir) {
+    pybind11::gil_scoped_release no_gil;
+    UzScratch& sc = thread_uz_scratch(net);
+    UzRows rows;
+    std::vector<float> prior(kGroup * A), logits(kGroup * A);
+    std::vector<const float*> tables(kGroup * MT);
+    // own_from[node]: the first slot the node's own buffer holds (0 for the
+    // root and for a node whose context slid; else its parent's length).
+    std::vector<int64_t> own_from(B * N, 0);
+    run_fused_simulations(
+        t, rr, ir,
+        [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
+          const int64_t from = b * N + l.node, to = b * N + n;
+          rows.action[s] = l.action;
+          rows.p_latents[s] = st.latents + from * MB * E;
+          rows.p_actions[s] = st.actions + from * MB;
+          rows.p_length[s] = st.length[from];
+          rows.c_latents[s] = st.latents + to * MB * E;
+          rows.c_actions[s] = st.actions + to * MB;
+          rows.slots[s] = tables.data() + s * MT;
+          rows.c_kv[s] = cache ? st.kv + to * MT * SF : nullptr;
+          if (!cache) return;
+          // The exact cache keyed by tree node: each slot of the leaf's
+          // context from the node that computed it, up the parent links.
+          for (int64_t m = l.node;;) {
+            const int64_t node = b * N + m;
+            for (int64_t i = own_from[node]; i < st.length[node]; ++i)
+              rows.slots[s][i] = st.kv + node * MT * SF + i * SF;
+            if (own_from[node] == 0) break;
+            m = t.par[node];
+          }
+        },
+        [&](int64_t count) {
+          uz_step(net, sc, count, rows, cache, logits.data(), prior.data());
+        },
+        [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
+          const int64_t to = b * N + n;
+          st.length[to] = rows.c_length[s];
+          own_from[to] = rows.slid[s] ? 0 : rows.p_length[s];
+          std::copy_n(logits.data() + s * A, A, r.lg + n * A);
+          r.rv[n] = rows.value[s];
+          expand_and_backup_in_tree(r, n, l.node, l.action, rows.reward[s], rows.value[s],
+                                    prior.data() + s * A, nullptr);
+        });
+    if (cache)  // complete every node state (parents first: a parent's index is smaller)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t n = 1; n < N; ++n) {
+          const int64_t node = b * N + n;
+          if (own_from[node] == 0) continue;
+          const int64_t p = b * N + t.par[node];
+          std::copy_n(st.kv + p * MT * SF, own_from[node] * SF, st.kv + node * MT * SF);
+        }
+  });
+}
+
+}  // namespace
+
+void register_unizero(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("unizero_search", &unizero_search,
+        "Run every simulation of a search for UniZeroModel (transformer world model; with `kv`, "
+        "the exact per-node KV cache, else a full recompute per step) on a fresh tree whose "
+        "root is initialised, in place, descending with the named rules.",
+        py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),
+        py::arg("action_from_parent"), py::arg("children_index"), py::arg("children_prior"),
+        py::arg("children_reward"), py::arg("children_discount"), py::arg("children_logits"),
+        py::arg("raw_value"), py::arg("min_q"), py::arg("max_q"), py::arg("root_legal"),
+        py::arg("latents"), py::arg("actions"), py::arg("length"), py::arg("kv"),
+        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("root_rule"),
+        py::arg("root_params"), py::arg("interior_rule"), py::arg("interior_params"),
+        py::arg("extra") = Extra{});
+  m.def("unizero_root", &unizero_root,
+        "The roots of UniZeroModel.root_from_latents (a full forward over each packed window; "
+        "`kv` None: no cache). Returns [policy_logits, value].",
+        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("latents"),
+        py::arg("actions"), py::arg("length"), py::arg("kv"), py::arg("baseline") = false);
+  m.def("unizero_recurrent", &unizero_recurrent,
+        "Test hook: the fused UniZero search's network step (search_step) for a batch of "
+        "states (`kv` None: recompute mode; `baseline`: force the 4-wide build). Returns "
+        "[latents, actions, length, kv, reward, policy_logits, value, prior].",
+        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("latents"),
+        py::arg("actions"), py::arg("length"), py::arg("kv"), py::arg("action"),
+        py::arg("baseline") = false);
+}
+
+}  // namespace tree_ops
+
+#else  // no GCC/Clang vector extensions: the module has no fused search
+
+namespace tree_ops {
+void register_unizero(pybind11::module_&) {}
+}  // namespace tree_ops
+
+#endif  // MZ_HAVE_MLP_SEARCH

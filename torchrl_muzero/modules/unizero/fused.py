@@ -1,0 +1,208 @@
+"""What the C++ fused UniZero search (``csrc/unizero_net.h``) needs from a :class:`UniZeroModel`.
+
+The fused search runs every simulation of a CPU search in one C++ call: the
+root is still encoded in torch (:meth:`UniZeroModel.search_root`), every
+expansion (action token and predicted latent token through the transformer,
+the four heads, the decode) runs in the kernel, with the exact per-node KV
+cache (``kv_cache=True``) or a full recompute of the node's context
+(``kv_cache=False``): the same two modes as the torch model, in one engine.
+:func:`fused_root` is the root's window forward in the same kernel (the
+encoder stays in torch).
+
+:func:`fused_unizero_weights` says whether a model is one the kernel mirrors
+and returns its tensors; anything else (``on_overflow="error"``, a head
+dimension that is not a multiple of 8, another dtype or device, a subclass
+that overrides the step, a changed head or block structure) gets ``None``,
+and the search calls :meth:`UniZeroModel.search_step` per simulation.
+:func:`fused_search_step` is the kernel's step on a batch of node states (the
+test hook; a search never needs it).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from torchrl_muzero.modules.step import ModelStep
+from torchrl_muzero.modules.unizero.norm import SimNorm
+
+__all__ = ["fused_unizero_weights", "fused_root", "fused_search_step", "UZ_STATE_KEYS"]
+
+#: The node-state keys of a UniZero tree in the cache mode (the recompute mode has no ``"kv"``).
+UZ_STATE_KEYS = ("latents", "actions", "length", "kv")
+
+_EMPTY = torch.empty(0)
+# model -> (key, fused tensors): the module walk and checks cost ~0.3 ms, as much as a small search.
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _is_head(head: nn.Module) -> bool:
+    return (
+        type(head) is nn.Sequential and len(head) == 3 and type(head[0]) is nn.Linear
+        and type(head[1]) is nn.GELU and head[1].approximate == "none" and type(head[2]) is nn.Linear
+    )
+
+
+def _is_affine_ln(ln: nn.Module, dim: int) -> bool:
+    return (
+        type(ln) is nn.LayerNorm and tuple(ln.normalized_shape) == (dim,)
+        and ln.weight is not None and ln.bias is not None
+    )
+
+
+def fused_unizero_weights(model) -> tuple[list[torch.Tensor], list[int], list[float]] | None:
+    """``(tensors, ints, floats)`` for the kernel's ``unizero_search``, or ``None`` when it cannot run ``model``.
+
+    ``ints``: num_layers, num_heads, max_blocks, context_length, SimNorm
+    group (0: LayerNorm latent norm), num_actions, absolute positions (0:
+    RoPE). ``floats``: the transformer's LayerNorm eps, the latent norm's eps,
+    the reward and value support epsilons. ``tensors``: in the order of
+    ``pack_unizero`` (``csrc/unizero_net.cpp``).
+
+    Examples:
+        >>> from torchrl_muzero.modules.unizero import UniZeroModel
+        >>> from torchrl_muzero.modules.unizero.fused import fused_unizero_weights
+        >>> model = UniZeroModel((4,), 2, embed_dim=16, num_heads=2, context_length=2, max_blocks=5)
+        >>> tensors, ints, floats = fused_unizero_weights(model)
+        >>> len(tensors), ints
+        (50, [2, 2, 5, 2, 8, 2, 0])
+        >>> fused_unizero_weights(UniZeroModel((4,), 2, embed_dim=16, num_heads=4)) is None  # head_dim 4
+        True
+    """
+    from torchrl_muzero.modules.unizero.model import UniZeroModel  # model.py imports this module
+
+    if not isinstance(model, UniZeroModel):
+        return None
+    # Valid while the same parameter and buffer storages back the model (in-place updates keep
+    # them; .to(), .double(), a replaced module or a new parameter do not); the kernel repacks on
+    # its own when a tensor's version changes.
+    key = _key(model)
+    hit = _CACHE.get(model)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    out = _collect(model, UniZeroModel)
+    _CACHE[model] = (key, out)
+    return out
+
+
+def _key(model) -> tuple:
+    # Every tensor's storage, read through `_parameters` / `_buffers` / `_modules` directly: a third
+    # of the cost of model.parameters() (~50 us against ~150 us), paid twice per search.
+    ptrs, stack = [model.on_overflow], [model]
+    while stack:
+        module = stack.pop()
+        ptrs += [None if t is None else t.data_ptr() for t in module._parameters.values()]
+        ptrs += [None if t is None else t.data_ptr() for t in module._buffers.values()]
+        stack += [m for m in module._modules.values() if m is not None]
+    return tuple(ptrs)
+
+
+def _collect(model, UniZeroModel) -> tuple[list[torch.Tensor], list[int], list[float]] | None:
+    cls = type(model)
+    # A subclass that changes any part of the step is not the model the kernel mirrors.
+    for name in ("search_step", "_action_heads", "_latent_heads", "_tokens", "_slide", "_decode"):
+        if getattr(cls, name) is not getattr(UniZeroModel, name):
+            return None
+    gpt, E = model.transformer, model.embed_dim
+    ref = gpt.ln_f.weight
+    if model.on_overflow != "rebuild" or ref.dtype != torch.float32 or ref.device.type != "cpu":
+        return None
+    if gpt.head_dim % 8 or not _is_affine_ln(gpt.ln_f, E):
+        return None
+    heads = (model.latent_head, model.reward_head, model.policy_head, model.value_head)
+    if not all(_is_head(h) for h in heads):
+        return None
+    eps = {gpt.ln_f.eps}
+    tensors = [model.action_embedding.weight]
+    if gpt.position == "absolute":
+        tensors += [gpt.pos_emb.weight, _EMPTY, _EMPTY]
+    else:
+        tensors += [_EMPTY, gpt.rope.cos, gpt.rope.sin]
+    for block in gpt.blocks:
+        mlp = block.mlp
+        if not (
+            _is_affine_ln(block.ln1, E) and _is_affine_ln(block.ln2, E) and type(mlp) is nn.Sequential
+            and len(mlp) == 3 and type(mlp[1]) is nn.GELU and mlp[1].approximate == "none"
+            and block.attn.qkv.bias is not None and block.attn.proj.bias is not None
+        ):
+            return None
+        eps |= {block.ln1.eps, block.ln2.eps}
+        tensors += [block.ln1.weight, block.ln1.bias, block.attn.qkv.weight, block.attn.qkv.bias,
+                    block.attn.proj.weight, block.attn.proj.bias, block.ln2.weight, block.ln2.bias,
+                    mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias]
+    if len(eps) != 1:  # the kernel takes one eps for the transformer's LayerNorms
+        return None
+    tensors += [gpt.ln_f.weight, gpt.ln_f.bias]
+    for head in heads:
+        if head[0].bias is None or head[2].bias is None:
+            return None
+        tensors += [head[0].weight, head[0].bias, head[2].weight, head[2].bias]
+    norm = model.latent_norm
+    if type(norm) is SimNorm:
+        simnorm, norm_eps = norm.simnorm_dim, 0.0
+        tensors += [_EMPTY, _EMPTY]
+    elif _is_affine_ln(norm, E):
+        simnorm, norm_eps = 0, norm.eps
+        tensors += [norm.weight, norm.bias]
+    else:
+        return None
+    tensors += [model.reward_support.bins, model.value_support.bins]
+    tensors = [t.detach().float().contiguous() for t in tensors]
+    ints = [len(gpt.blocks), gpt.num_heads, model.max_blocks, model.context_length, simnorm,
+            model.num_actions, int(gpt.position == "absolute")]
+    floats = [float(eps.pop()), float(norm_eps), model.reward_support.epsilon, model.value_support.epsilon]
+    return tensors, ints, floats
+
+
+def _kernel(name: str):
+    from torchrl_muzero.mcts import _cpp
+
+    ops = _cpp.load_tree_ops()
+    return None if ops is None else getattr(ops, name, None)
+
+
+def fused_root(model, state: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The root's ``(policy_logits, value)`` from its packed node state in one C++ call, or ``None``.
+
+    Used by :meth:`UniZeroModel.root_from_latents` when the kernel runs the
+    model: the window's full forward, its K/V (written into ``state["kv"]``,
+    which must be zeros, when the model caches) and the heads at the last
+    latent, without the ~2 ms of per-op dispatch of the torch forward. The
+    encoder stays in torch.
+    """
+    kernel = _kernel("unizero_root")
+    if kernel is None or state["latents"].device.type != "cpu" or state["latents"].dtype != torch.float32:
+        return None
+    fused = fused_unizero_weights(model)
+    if fused is None:
+        return None
+    kv = state["kv"] if model.kv_cache else None
+    logits, value = kernel(*fused, state["latents"].contiguous(), state["actions"].contiguous(),
+                           state["length"].contiguous(), kv, False)
+    return logits, value
+
+
+def fused_search_step(model, state: TensorDictBase, action: torch.Tensor, baseline: bool = False) -> ModelStep:
+    """The C++ kernel's :meth:`UniZeroModel.search_step` on a batch of node states (the test hook).
+
+    The cache mode when ``model.kv_cache`` (``state`` holds ``"kv"``), else
+    the recompute mode. ``baseline`` forces the kernel's 4-wide build.
+    Raises ``RuntimeError`` if the kernel or this model is not supported.
+    """
+    fused = fused_unizero_weights(model)
+    if fused is None:
+        raise RuntimeError(f"the fused UniZero step does not support this model: {model!r}")
+    kernel = _kernel("unizero_recurrent")
+    if kernel is None:
+        raise RuntimeError("the C++ tree kernel (with unizero_recurrent) is unavailable")
+    kv = state["kv"].contiguous() if model.kv_cache else None
+    latents, actions, length, kv, reward, logits, value, _ = kernel(
+        *fused, state["latents"].contiguous(), state["actions"].contiguous(),
+        state["length"].contiguous(), kv, action.long().contiguous(), baseline,
+    )
+    child = TensorDict({"latents": latents, "actions": actions, "length": length}, [length.shape[0]])
+    if model.kv_cache:
+        child["kv"] = kv
+    return ModelStep(child, reward, logits, value)
