@@ -57,6 +57,10 @@ class ProcessesWithoutPartialResetGuard(*_without(GuardedProcessorAsyncEnvPool, 
     pass
 
 
+class ProcessesWithoutShutdownGuard(*_without(GuardedProcessorAsyncEnvPool, ShutdownGuard)):
+    pass
+
+
 # ------------------------------------------------------------------ helpers
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
@@ -158,15 +162,44 @@ def test_partial_reset_resets_only_the_masked_envs():
 
 
 # ---------------------------------------------- 6b: the shm exchange
+def _shm_pool(n=2):
+    # one worker process for all envs: a process start costs 5-30 s on 2 busy cores
+    pool = GuardedAsyncEnvPool(_factories(n), backend="multiprocessing", exchange="shm", envs_per_worker=n)
+    assert pool.resolved_exchange == "shm"
+    return pool
+
+
 @pytest.mark.timeout(120)
 def test_shm_pool_under_outer_transforms_and_a_collector_matches_serialenv(serial_reference):
-    pool = GuardedAsyncEnvPool(_factories(2), backend="multiprocessing", exchange="shm")
-    assert pool.resolved_exchange == "shm"
-    batch = _collect(_outer(pool), 40)
+    batch = _collect(_outer(_shm_pool()), 40)
     _assert_same_rollout(batch, serial_reference)
     assert torch.equal(batch["collector", "traj_ids"], serial_reference["collector", "traj_ids"])
 
 
+@pytest.mark.timeout(120)
+def test_shm_private_step_returns_rewards_and_the_public_results_keep_extra_keys():
+    pool = _shm_pool()
+    try:
+        _check_private_step_and_extras(pool)
+    finally:
+        pool.close()
+
+
+def _check_private_step_and_extras(pool):
+    td = pool.reset().exclude("env_index")
+    td.set("action", pool.full_action_spec["action"].rand())
+    out = pool._step(td)  # torchrl 0.14.1: the worker fails to publish the reward
+    assert out["reward"].tolist() == [[1.0], [1.0]] and "observation" in out.keys()
+    td = pool.reset()
+    td.set("action", pool.full_action_spec["action"].rand())
+    td.set("outer_extra", torch.full((2, 1), 7.0))
+    out = pool.step(td)
+    assert out["outer_extra"].tolist() == [[7.0], [7.0]] and out["next", "reward"].tolist() == [[1.0], [1.0]]
+    out, out_next = pool.step_and_maybe_reset(td)
+    assert out["outer_extra"].tolist() == [[7.0], [7.0]] and out_next["outer_extra"].tolist() == [[7.0], [7.0]]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_without_shm_guard_outer_keys_are_refused():
     pool = ProcessesWithoutShmExchangeGuard(_factories(1), backend="multiprocessing", exchange="shm")
@@ -174,28 +207,11 @@ def test_without_shm_guard_outer_keys_are_refused():
         _collect(_outer(pool), 8)
 
 
-@pytest.mark.timeout(120)
-def test_shm_private_step_returns_rewards_and_the_public_results_keep_extra_keys():
-    pool = GuardedAsyncEnvPool(_factories(1), backend="multiprocessing", exchange="shm")
-    try:
-        td = pool.reset().exclude("env_index")
-        td.set("action", pool.full_action_spec["action"].rand())
-        out = pool._step(td)  # torchrl 0.14.1: the worker fails to publish the reward
-        assert out["reward"].tolist() == [[1.0]] and "observation" in out.keys()
-        td = pool.reset()
-        td.set("action", pool.full_action_spec["action"].rand())
-        td.set("outer_extra", torch.full((1, 1), 7.0))
-        out = pool.step(td)
-        assert out["outer_extra"].tolist() == [[7.0]] and out["next", "reward"].tolist() == [[1.0]]
-        out, out_next = pool.step_and_maybe_reset(td)
-        assert out["outer_extra"].tolist() == [[7.0]] and out_next["outer_extra"].tolist() == [[7.0]]
-    finally:
-        pool.close()
-
-
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_without_partial_reset_guard_the_shm_pool_restarts_envs_mid_episode(serial_reference):
-    pool = ProcessesWithoutPartialResetGuard(_factories(2), backend="multiprocessing", exchange="shm")
+    pool = ProcessesWithoutPartialResetGuard(_factories(2), backend="multiprocessing", exchange="shm",
+                                             envs_per_worker=2)
     batch = _collect(_outer(pool), 40)
     # every env restarts whenever one is done: the observations leave SerialEnv's
     assert not torch.equal(batch["next", "observation"], serial_reference["next", "observation"])
@@ -209,9 +225,50 @@ def test_shutdown_returns_when_a_result_queue_is_closed():
     thread = threading.Thread(target=pool.shutdown, daemon=True)
     thread.start()
     thread.join(30)
-    # torchrl 0.14.1 (no ShutdownGuard) spins here forever: shown in a killed process by the canary
     assert not thread.is_alive(), "shutdown is spinning on the closed queue"
     assert not any(worker.is_alive() for worker in pool.threads)
+
+
+_SPIN_SCRIPT = """
+import os, sys, threading
+sys.path.insert(0, {testdir!r})
+from test_torchrl_guards_env_pools import ProcessesWithoutShutdownGuard, _factories
+pool = ProcessesWithoutShutdownGuard(_factories(1), backend="multiprocessing", exchange="queue")
+pool.step_queue._reader.close()
+thread = threading.Thread(target=pool.shutdown, daemon=True)
+thread.start()
+thread.join(5)
+print("SPINNING" if thread.is_alive() else "RETURNED", flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_without_shutdown_guard_shutdown_spins():
+    """Run in its own process group, killed afterwards: the spinning thread cannot be stopped otherwise."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    code = _SPIN_SCRIPT.format(testdir=os.path.dirname(os.path.abspath(__file__)))
+    # output to a file, not a pipe: the pool's worker inherits the pipe and keeps it open
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=100)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        out.seek(0)
+        text = out.read()
+    assert "SPINNING" in text, f"torchrl's shutdown returned without the guard: {text!r}"
 
 
 # ------------------------------------------------------------ seeds
@@ -229,6 +286,7 @@ def test_child_seeds_reproduce_serialenv_seeding():
 
 
 # ---------------------------------------------------------- canaries
+@pytest.mark.slow  # ~10 s on a quiet 2-core machine, 65 s at load 7: five pools in a throw-away process
 @pytest.mark.timeout(180)
 def test_canary_asyncenvpool_bugs_still_in_torchrl():
     """Fails the day the installed torchrl fixes an AsyncEnvPool bug: its guard can then go."""

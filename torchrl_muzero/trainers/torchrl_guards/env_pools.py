@@ -46,6 +46,7 @@ import queue as queue_lib
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -521,24 +522,26 @@ def _run_probe(timeout_s: float) -> dict[str, bool]:
     env.setdefault("RL_WARNINGS", "False")
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env=env,
-        text=True,
-    )
-    out = ""
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        # the group may still hold grandchildren (env workers) even after a clean exit
-        _kill_group(proc)
+    # output to a file, not a pipe: the pools' workers inherit a pipe and would keep it open
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            # the group may still hold grandchildren (env workers) even after a clean exit
+            _kill_group(proc)
+        out.seek(0)
+        text = out.read()
     found = {}
-    for line in (out or "").splitlines():
+    for line in text.splitlines():
         if line.startswith("ASYNCENVPOOL_PROBE "):
             found = json.loads(line.split(" ", 1)[1])
     return {name: bool(found.get(name, False)) for name in ASYNCENVPOOL_BUGS}
