@@ -11,6 +11,7 @@ import torch
 
 pytest.importorskip("ale_py")
 
+from tensordict.nn import TensorDictModuleBase  # noqa: E402
 from torchrl.envs.utils import step_mdp  # noqa: E402
 
 from pipeline_utils import live_descendants  # noqa: E402
@@ -356,10 +357,60 @@ def test_atari_configs_share_every_setting_but_the_game():
     assert differ == ["env.name", "train.stop_return"]
 
 
-def test_atari_stays_on_parallelenv_until_asyncenvpool_works():
-    """Canary: fails the day the installed torchrl's AsyncEnvPool works under a Collector."""
-    from torchrl_muzero.trainers.torchrl_guards import asyncenvpool_is_fixed
+class _FixedPongPolicy(TensorDictModuleBase):
+    """A deterministic function of the screen: equal screens give equal actions, so two pools can be compared."""
 
-    if asyncenvpool_is_fixed():
-        pytest.fail("Collector(AsyncEnvPool(...)) works on this torchrl: switch make_atari_env to "
-                    "AsyncEnvPool (see the PR 4701 notes in torchrl_guards.py) and retire this canary.")
+    in_keys = ["observation"]
+    out_keys = ["action"]
+
+    def __init__(self, num_actions):
+        super().__init__()
+        self.num_actions = num_actions
+
+    def forward(self, td):
+        obs = td["observation"]
+        index = obs.flatten(-3).long().sum(-1) % self.num_actions
+        td["action"] = torch.nn.functional.one_hot(index, self.num_actions)
+        return td
+
+
+def _pong_rollout(pool, frames, seed=0):
+    from torchrl.collectors import Collector
+
+    env = make_env(_cfg(pool=pool, max_episode_steps=120), num_envs=2, seed=seed)
+    collector = Collector(env, policy=_FixedPongPolicy(env_spaces(env)[1]), frames_per_batch=frames,
+                          total_frames=frames)
+    try:
+        return env, next(iter(collector))
+    finally:
+        collector.shutdown()  # closes the env too
+
+
+@pytest.mark.slow  # 28 s at load 6 on 2 cores: two worker processes start and 800 Pong frames are stepped
+@pytest.mark.timeout(180)
+def test_env_pool_async_collects_the_games_serialenv_collects():
+    """A Collector runs Pong through the guarded AsyncEnvPool: frames, rewards and outer-transform keys intact."""
+    from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool
+
+    env, batch = _pong_rollout("async", 400)
+    assert isinstance(env.base_env, GuardedAsyncEnvPool) and env.base_env.resolved_exchange == "shm"
+    _, reference = _pong_rollout("serial", 400)
+    assert reference["next", "reward"].abs().sum() > 0, "no point scored: rewards are not exercised"
+    assert reference["next", "truncated"].any(), "no game ended: resets are not exercised"
+    for key in ["observation", ("next", "observation"), "action", ("next", "reward"), ("next", "done"),
+                ("next", "truncated"), "episode_reward", ("next", "episode_reward"), ("collector", "traj_ids")]:
+        assert torch.equal(batch[key], reference[key]), f"{key} differs from SerialEnv's"
+    assert not _wait_no_children()
+
+
+def test_env_pool_is_checked_at_start():
+    from torchrl_muzero.trainers.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"^config key 'env.pool' must be one of \('serial', 'parallel', 'async'\), "
+                                          r"got 'asnyc'. Did you mean 'async'\?$"):
+        load_config({"env": {"kind": "atari", "id": "ALE/Pong-v5", "pool": "asnyc"}})
+    with pytest.raises(ConfigError, match="only Atari envs"):
+        load_config({"env": {"pool": "async"}})  # CartPole
+    assert load_config({"env": {"kind": "atari", "id": "ALE/Pong-v5", "pool": "async"}}).env.pool == "async"
+    with pytest.raises(ValueError, match="pool must be one of"):
+        make_atari_env(_cfg(), 2, pool="threads")

@@ -1,4 +1,6 @@
-"""Regression tests for the torchrl 0.14.1 workarounds in ``trainers/torchrl_guards.py``.
+"""Regression tests for the torchrl 0.14.1 weight-sync workarounds in ``trainers/torchrl_guards/``.
+
+The AsyncEnvPool guards have theirs in ``test_torchrl_guards_env_pools.py``.
 
 Each guarded test fails (or hangs, bounded by pytest-timeout) without its
 guard; ``test_naive_live_tensors_tear`` shows the bug itself on the plain
@@ -25,7 +27,6 @@ from torchrl_muzero.trainers.torchrl_guards import (
     LockedPolicy,
     PolicyVersionMap,
     WeightPublishError,
-    asyncenvpool_is_fixed,
     find_locked_policy,
     publish_weights,
     snapshot_weights,
@@ -446,19 +447,3 @@ def test_worker_policy_must_be_locked():
             weight_sync_schemes={"policy": GuardedWeightSyncScheme(initial_weights=Twin())},
         )
         collector.shutdown()
-
-
-# ------------------------------------------------------------ AsyncEnvPool
-def test_asyncenvpool_probe_is_bounded_and_leaves_no_process():
-    import torchrl
-
-    start = time.monotonic()
-    fixed = asyncenvpool_is_fixed.__wrapped__(timeout_s=60.0)
-    assert isinstance(fixed, bool)
-    assert time.monotonic() - start < 65
-    if torchrl.__version__.startswith("0.14.1"):
-        assert fixed is False  # Collector(AsyncEnvPool(...)) crashes on its first batch there
-    # a probe cut short by its timeout is killed with its whole process group
-    start = time.monotonic()
-    assert asyncenvpool_is_fixed.__wrapped__(timeout_s=0.5) is False
-    assert time.monotonic() - start < 5

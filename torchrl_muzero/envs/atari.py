@@ -10,8 +10,8 @@
       -> ResizeFrame                 uint8 [C, S, S] (channels first, area-averaged)
       -> CatFrames(N, dim=-3)        uint8 [N * C, S, S], "same" padding at resets
 
-then batches the copies (``ParallelEnv``, or ``SerialEnv``) and adds
-``RewardSum`` so that ``"episode_reward"`` is tracked.
+then batches the copies (``SerialEnv``, ``ParallelEnv`` or a guarded
+``AsyncEnvPool``) and adds ``RewardSum`` so that ``"episode_reward"`` is tracked.
 
 Choices, and why
 ----------------
@@ -69,14 +69,22 @@ has no lives, so there it is the game's return.
 agent steps (27,000 at frame skip 4). ALE's own frame limit is switched off so
 the two do not race.
 
-*Batching.* ``ParallelEnv`` (one process per copy) when ``num_envs > 1``;
-``SerialEnv`` when ``num_envs == 1``, when ``parallel=False``, or inside a
-daemonic process (such as the evaluator processes), which may not start
-children. ``AsyncEnvPool`` would let a collector step whichever envs are
-ready, but torchrl 0.14.1 crashes with it (torchrl PR 4701, see
-:mod:`torchrl_muzero.trainers.torchrl_guards`); switch only once
-:func:`torchrl_muzero.trainers.torchrl_guards.asyncenvpool_is_fixed` returns
-``True``.
+*Batching* (``pool``, ``env.pool`` in the config). ``"serial"``:
+``SerialEnv``, the games in the caller's process (on 2 cores the fastest for
+Pong, docs/performance.md). ``"parallel"``: ``ParallelEnv``, one process per
+game. ``"async"``: torchrl's ``AsyncEnvPool`` (multiprocessing backend,
+shared-memory exchange), one process per game, through
+:class:`~torchrl_muzero.trainers.torchrl_guards.GuardedAsyncEnvPool`, which
+guards the three bugs torchrl 0.14.1 has in it (PR 4701: the collector crash
+on ``env_index``, the shm exchange dropping outer-transform keys and rewards,
+the shutdown spin). Its games are seeded in their factories with the seeds
+``SerialEnv.set_seed(seed)`` would give them
+(:func:`~torchrl_muzero.trainers.torchrl_guards.child_seeds`), so a seeded
+async pool plays the same games as a seeded ``SerialEnv``. Under torchrl's
+``Collector`` an async pool steps all its games each step, as
+``ParallelEnv`` does; its ``async_step_send`` / ``async_step_recv`` step
+whichever games are ready. A daemonic process (such as the evaluator
+processes) may not start children: there every pool is ``SerialEnv``.
 
 Rewards are not clipped: MuZero learns values and rewards on a transformed
 categorical support.
@@ -103,7 +111,7 @@ from torchrl.envs import (
 )
 from torchrl.envs.transforms import Compose, ObservationTransform
 
-__all__ = ["make_atari_env", "make_single_atari_env", "AtariGameWrapper", "ResizeFrame", "DEFAULT_MAX_FRAMES"]
+__all__ = ["make_atari_env", "make_single_atari_env", "AtariGameWrapper", "ResizeFrame", "DEFAULT_MAX_FRAMES", "POOLS"]
 
 DEFAULT_MAX_FRAMES = 108_000  # emulator frames per game (MuZero / LightZero: 27,000 agent steps at frame skip 4)
 
@@ -349,8 +357,18 @@ def make_single_atari_env(env_cfg, training: bool = True, max_pool_frames: bool 
     return TransformedEnv(env, Compose(*transforms))
 
 
+POOLS = ("serial", "parallel", "async")
+
+
+def _seeded_single_atari_env(env_cfg, training: bool, max_pool_frames: bool, seed: int | None) -> EnvBase:
+    env = make_single_atari_env(env_cfg, training, max_pool_frames)
+    if seed is not None:
+        env.set_seed(seed)
+    return env
+
+
 def make_atari_env(env_cfg, num_envs: int, training: bool = True, *, parallel: bool | None = None,
-                   max_pool_frames: bool = False) -> EnvBase:
+                   max_pool_frames: bool = False, pool: str | None = None, seed: int | None = None) -> EnvBase:
     """A batch of ``num_envs`` preprocessed Atari games (see the module docstring for every choice).
 
     Args:
@@ -366,11 +384,16 @@ def make_atari_env(env_cfg, num_envs: int, training: bool = True, *, parallel: b
         parallel (bool, optional): ``True``: ``ParallelEnv`` (one process per
             game), ``False``: ``SerialEnv`` (in-process). Default: parallel when
             ``num_envs > 1`` and the current process may start children (not
-            daemonic). ``AsyncEnvPool`` is not offered: torchrl 0.14.1 crashes
-            with it, see
-            :func:`torchrl_muzero.trainers.torchrl_guards.asyncenvpool_is_fixed`.
+            daemonic). Ignored when ``pool`` is given.
         max_pool_frames (bool): DQN-style frame skipping in Python with a
             max-pool of the last two frames, instead of ALE's own frame skip.
+        pool (str, optional): ``"serial"``, ``"parallel"`` or ``"async"``
+            (the guarded ``AsyncEnvPool``, see the module docstring);
+            overrides ``parallel``.
+        seed (int, optional): with ``pool="async"``, seeds the games in their
+            factories (a pool of worker processes cannot be seeded later:
+            ``env.set_seed`` raises); the other pools are seeded with
+            ``env.set_seed(seed)`` and take ``None`` here.
 
     Returns:
         a ``TransformedEnv`` of batch size ``[num_envs]`` with ``RewardSum``:
@@ -391,12 +414,25 @@ def make_atari_env(env_cfg, num_envs: int, training: bool = True, *, parallel: b
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}.")
     _check_cfg(env_cfg)
-    if parallel is None:
-        parallel = num_envs > 1 and not multiprocessing.current_process().daemon
-    elif parallel and multiprocessing.current_process().daemon:
+    if pool is None:
+        if parallel is None:
+            parallel = num_envs > 1 and not multiprocessing.current_process().daemon
+        pool = "parallel" if parallel else "serial"
+    if pool not in POOLS:
+        raise ValueError(f"make_atari_env: pool must be one of {POOLS}, got {pool!r}.")
+    if pool != "serial" and multiprocessing.current_process().daemon:
         raise ValueError(
-            "make_atari_env(parallel=True) cannot start env processes from a daemonic process; use parallel=False."
+            f"make_atari_env(pool={pool!r}) cannot start env processes from a daemonic process; use pool='serial'."
         )
-    factory = functools.partial(make_single_atari_env, env_cfg, training, max_pool_frames)
-    env = ParallelEnv(num_envs, factory) if parallel else SerialEnv(num_envs, factory)
+    if seed is not None and pool != "async":
+        raise ValueError("make_atari_env(seed=...) is for pool='async'; seed the other pools with env.set_seed(seed).")
+    if pool == "async":
+        from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool, child_seeds
+
+        factories = [functools.partial(_seeded_single_atari_env, env_cfg, training, max_pool_frames, s)
+                     for s in child_seeds(seed, num_envs)]
+        env = GuardedAsyncEnvPool(factories, backend="multiprocessing", exchange="shm")
+    else:
+        factory = functools.partial(make_single_atari_env, env_cfg, training, max_pool_frames)
+        env = ParallelEnv(num_envs, factory) if pool == "parallel" else SerialEnv(num_envs, factory)
     return TransformedEnv(env, RewardSum())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import multiprocessing
 
 from torchrl.envs import EnvBase, GymEnv, RewardSum, SerialEnv, StepCounter, TransformedEnv
 
@@ -21,8 +22,11 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
     Vector envs are stepped in-process (``SerialEnv``): one MuZero search
     covers all of them, so each step of the batch costs one batched search.
     Atari envs get the preprocessing of :mod:`torchrl_muzero.envs.atari`,
-    in-process too unless ``env_cfg.parallel`` (on 2 cores ``SerialEnv`` steps
-    Pong twice as fast as ``ParallelEnv``; more cores favour ``ParallelEnv``).
+    in-process too unless ``env_cfg.pool`` says ``parallel`` (``ParallelEnv``)
+    or ``async`` (the guarded ``AsyncEnvPool``); on 2 cores ``SerialEnv``
+    steps Pong fastest (docs/performance.md), more cores favour the others.
+    A daemonic process (the evaluators) may not start env processes and
+    always steps its games in-process.
     ``RewardSum`` tracks the episode return for logging.
 
     Examples:
@@ -54,7 +58,12 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
     if env_cfg.kind == "atari":
         from torchrl_muzero.envs.atari import make_atari_env
 
-        env = make_atari_env(env_cfg, n, training=training, parallel=env_cfg.parallel and n > 1)
+        from torchrl_muzero.trainers.config_checks import effective_pool
+
+        pool = effective_pool(env_cfg) if n > 1 and not multiprocessing.current_process().daemon else "serial"
+        if pool == "async":  # its games run in worker processes: seeded in their factories
+            return make_atari_env(env_cfg, n, training=training, pool=pool, seed=seed)
+        env = make_atari_env(env_cfg, n, training=training, pool=pool)
     elif env_cfg.kind == "gym":
         env = SerialEnv(n, functools.partial(_make_gym, env_cfg.id, env_cfg.max_episode_steps))
         env = TransformedEnv(env, RewardSum())

@@ -30,7 +30,10 @@ class EnvConfig:
     kind: str = "gym"  # "gym" (vector observations), "atari", "board" (two-player: id TicTacToe), "game" (2048, memory_len)
     id: str = "CartPole-v1"
     num_envs: int = 8  # envs stepped together by one collector (B roots per search)
-    parallel: bool = False  # Atari: one process per game (ParallelEnv) instead of in-process (SerialEnv)
+    # Atari: how one collector's games are batched: serial (in-process SerialEnv), parallel (ParallelEnv, one
+    # process per game) or async (torchrl's AsyncEnvPool, guarded: one process per game, shared-memory exchange)
+    pool: str = "serial"
+    parallel: bool = False  # older spelling of pool=parallel (kept for existing configs and checkpoints)
     max_episode_steps: int = 0  # 0: the env's own limit
     # atari preprocessing (kind == "atari")
     frame_skip: int = 4
@@ -253,6 +256,7 @@ class TrainConfig:
 
 _KNOWN_CHOICES = {
     "env.kind": ("gym", "atari", "board", "game"),
+    "env.pool": ("serial", "parallel", "async"),
     "model.kind": ("mlp", "resnet"),
     "algo.policy_loss": ("cross_entropy", "kl"),
     "mcts.backend": ("auto", "torch", "cpp"),
@@ -331,7 +335,9 @@ def _build(cls, data: Any, prefix: str):
             value = _check_type(path, value, annotation)
             choices = _KNOWN_CHOICES.get(path)
             if choices is not None and value not in choices:
-                raise ConfigError(f"config key '{path}' must be one of {choices}, got {value!r}.")
+                close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"config key '{path}' must be one of {choices}, got {value!r}.{hint}")
             kwargs[key] = value
     return cls(**kwargs)
 

@@ -30,7 +30,7 @@ from typing import Optional
 # config.py imports this module only inside load_config, so there is no import cycle
 from torchrl_muzero.trainers.config import ConfigError
 
-__all__ = ["Range", "RANGES", "check_ranges", "check_run_targets", "run_folder_of"]
+__all__ = ["Range", "RANGES", "check_ranges", "check_run_targets", "effective_pool", "run_folder_of"]
 
 
 @dataclass(frozen=True)
@@ -300,6 +300,34 @@ def _check_rules(cfg) -> None:
         if not value.strip() or (key == "env.name" and ("/" in value or value in (".", ".."))):
             raise ConfigError(f"config key '{key}' must be a non-empty name{' without /' if key == 'env.name' else ''}, "
                          f"got {value!r}.")
+    _check_env_pool(cfg)
+
+
+def _check_env_pool(cfg) -> None:
+    """``env.pool`` (and its older spelling ``env.parallel``) batch Atari games only."""
+    env = cfg.env
+    if env.parallel and env.pool not in ("serial", "parallel"):
+        raise ConfigError(
+            f"config key 'env.parallel' is true (the older spelling of env.pool=parallel) but env.pool is "
+            f"{env.pool!r}: drop env.parallel."
+        )
+    pool = effective_pool(env)
+    if pool != "serial" and env.kind != "atari":
+        raise ConfigError(
+            f"config key 'env.pool' is {pool!r}, but only Atari envs (env.kind='atari') can be batched otherwise "
+            f"than in-process; env.kind is {env.kind!r}: use env.pool=serial."
+        )
+
+
+def effective_pool(env_cfg) -> str:
+    """``env.pool``, with ``env.parallel=true`` (its older spelling) read as ``parallel``.
+
+    Examples:
+        >>> from torchrl_muzero.trainers.config import EnvConfig
+        >>> effective_pool(EnvConfig(kind="atari")), effective_pool(EnvConfig(kind="atari", parallel=True))
+        ('serial', 'parallel')
+    """
+    return "parallel" if env_cfg.parallel and env_cfg.pool == "serial" else env_cfg.pool
 
 
 # -- what the run will touch on this machine -----------------------------------------

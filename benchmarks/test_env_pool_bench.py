@@ -1,0 +1,77 @@
+"""Pong collection env steps/s: ``env.pool=serial`` vs ``parallel`` vs ``async`` (the guarded AsyncEnvPool).
+
+The shipped Pong env (``env=Pong``: ``ALE/Pong-v5``, sticky actions, ALE frame
+skip 4, grayscale 96x96 stacked by 4, ``RewardSum``) with its 8 games per
+collector, batched by ``SerialEnv`` (in-process), ``ParallelEnv`` (one process
+per game) or ``GuardedAsyncEnvPool`` (torchrl's ``AsyncEnvPool``,
+multiprocessing backend, shared-memory exchange, one process per game), each
+stepped by a torchrl ``Collector`` with no policy (random actions from the
+action spec: the env is what is measured), 400 frames per collect (the
+shipped ``train.frames_per_batch``: 50 steps of the 8 games).
+
+The three collectors are built first (workers started, first batch
+discarded), then their collects are interleaved round by round, so the three
+see the same machine load; each round times one collect of each. Reports
+per-pool env steps/s (``extra_info``) and the ratios to ``SerialEnv``.
+
+Run (figures in docs/performance.md, "Atari env pools"):
+    python -m pytest benchmarks/test_env_pool_bench.py --benchmark-only \
+        --benchmark-columns=mean,median,min,max,rounds -s
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ale_py")
+
+from torchrl.collectors import Collector  # noqa: E402
+
+from torchrl_muzero.envs import make_env  # noqa: E402
+from torchrl_muzero.trainers.hydra_entry import compose_config  # noqa: E402
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
+POOLS = ("serial", "parallel", "async")
+FRAMES = 400  # per collect: the shipped Pong frames_per_batch
+ROUNDS = 8
+
+
+def _collector(pool: str) -> tuple[Collector, object]:
+    cfg = compose_config(CONFIG_DIR, ["env=Pong", f"env.pool={pool}"])
+    env = make_env(cfg.env, seed=0)
+    collector = Collector(env, policy=None, frames_per_batch=FRAMES, total_frames=-1)
+    batches = iter(collector)
+    next(batches)  # workers started, first reset and batch: not measured
+    return collector, batches
+
+
+@pytest.mark.timeout(1800)
+def test_pong_collection_env_pools_side_by_side(benchmark):
+    collectors = {pool: _collector(pool) for pool in POOLS}
+    seconds: dict[str, list[float]] = {pool: [] for pool in POOLS}
+
+    def one_round():
+        for pool in POOLS:
+            start = time.perf_counter()
+            batch = next(collectors[pool][1])
+            seconds[pool].append(time.perf_counter() - start)
+            assert batch.numel() == FRAMES
+
+    try:
+        benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
+    finally:
+        for collector, _ in collectors.values():
+            collector.shutdown()
+    rates = {pool: FRAMES / statistics.median(s) for pool, s in seconds.items()}
+    for pool in POOLS:
+        benchmark.extra_info[f"{pool}_env_steps_per_s_median"] = round(rates[pool], 1)
+        benchmark.extra_info[f"{pool}_env_steps_per_s_min_max"] = (
+            round(FRAMES / max(seconds[pool]), 1), round(FRAMES / min(seconds[pool]), 1))
+        benchmark.extra_info[f"{pool}_vs_serial"] = round(rates[pool] / rates["serial"], 2)
+    print("\nPong collection, 8 games, 400 frames per collect, median env steps/s (ratio to serial):")
+    for pool in POOLS:
+        lo, hi = benchmark.extra_info[f"{pool}_env_steps_per_s_min_max"]
+        print(f"  {pool:>8}: {rates[pool]:7.1f}  ({rates[pool] / rates['serial']:.2f}x)  min-max {lo}-{hi}")
