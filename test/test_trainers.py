@@ -164,6 +164,22 @@ def test_async_policy_lag_is_bounded(tmp_path, interval, max_lag):
     assert not _wait_no_descendants()
 
 
+def test_multi_sync_collector_hands_in_all_workers_at_once_with_the_lag_bound(tmp_path):
+    """async_pipeline.collector=multi_sync: one batch of every worker's frames, versions mapped, lag bounded."""
+    cfg = tiny_config(tmp_path, **{"async_pipeline.collector": "multi_sync", "async_pipeline.num_collector_actors": 2,
+                                   "async_pipeline.num_evaluator_actors": 0, "train.replay_ratio": 0.5})
+    trainer = _LagRecorder(cfg)
+    sizes = []
+    take = trainer._take_batch
+    trainer._take_batch = lambda batch, budgets: (sizes.append(batch.numel()), take(batch, budgets))
+    summary = trainer.run()
+    assert summary["status"] == "ok", summary
+    assert sizes and set(sizes) == {2 * 64}, sizes  # both workers' frames_per_batch in each batch
+    assert max(trainer.seen_lags) <= 1  # the defaults' bound (interval 1, max_policy_lag 0)
+    assert summary["train_iter"] == 512 * 0.5  # each of the 4 batches of 128 frames buys its updates
+    assert not _wait_no_descendants()
+
+
 class _KnobRecorder(AsyncTrainer):
     """Records what the seed's knobs bound: updates per chunk, the budget queue, evaluation submits."""
 

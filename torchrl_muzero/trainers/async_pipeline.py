@@ -31,7 +31,7 @@ from collections import deque
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from torchrl.collectors import MultiAsyncCollector
+from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
 from torchrl.envs import TransformedEnv
 
 from torchrl_muzero.envs import make_env
@@ -232,15 +232,19 @@ class AsyncTrainer(TrainerBase):
         self.threads = LearnerThreads(cores=reclaim_torch_threads(self.torch_threads), fixed=ap.learner_num_threads)
         self.thread_steps = self.thread_updates = 0  # learner threads summed over updates, and the updates
         self.scheme = GuardedWeightSyncScheme(initial_weights=self.learner.model, timeout_s=ap.shutdown_timeout_s)
-        self.collector = MultiAsyncCollector(
+        # multi_sync: one next() starts every worker and returns all their batches at once (stacked
+        # [workers, envs, T]); each worker still collects frames_per_batch frames, as with multi_async
+        sync = ap.collector == "multi_sync"
+        self.collector = (MultiSyncCollector if sync else MultiAsyncCollector)(
             [functools.partial(_make_worker_env, cfg_dict, cfg.seed + 1000 * (i + 1), self.observation_shape,
                                self.num_actions) for i in range(n_workers)],
             policy_factory=functools.partial(
                 _make_worker_policy, cfg_dict, self.observation_shape, self.num_actions, action_spec, control,
                 collector_device,
             ),
-            frames_per_batch=cfg.train.frames_per_batch,
+            frames_per_batch=cfg.train.frames_per_batch * (n_workers if sync else 1),
             total_frames=-1,
+            **({"cat_results": "stack"} if sync else {}),
             weight_sync_schemes={"policy": self.scheme},
             use_buffers=False,  # batches travel as copies: the driver never reads a buffer a worker refills
             # torchrl would fix the driver at (cores - workers) threads; LearnerThreads decides per update
@@ -295,7 +299,10 @@ class AsyncTrainer(TrainerBase):
 
     def _batch_ready(self) -> bool:
         # MultiAsyncCollector hands out one worker batch per next(); a non-empty output
-        # queue means next() will not block.
+        # queue means next() will not block. MultiSyncCollector's workers wait for next()
+        # to start them, so with multi_sync a batch is never ready ahead.
+        if isinstance(self.collector, MultiSyncCollector):
+            return False
         q = getattr(self.collector, "queue_out", None)
         return q is not None and not q.empty()
 
@@ -314,6 +321,9 @@ class AsyncTrainer(TrainerBase):
         """Cores the actors use right now: collectors collecting, evaluators evaluating."""
         ap = self.cfg.async_pipeline
         q = getattr(self.collector, "queue_out", None)
+        if isinstance(self.collector, MultiSyncCollector):
+            evaluating = self.evaluators.inflight if self.evaluators is not None else 0
+            return evaluating * ap.evaluator_num_cpus
         try:  # a worker whose batch waits in the queue is idle until the driver takes it
             waiting = q.qsize() if q is not None else 0
         except NotImplementedError:  # macOS multiprocessing queues
@@ -435,7 +445,10 @@ class AsyncTrainer(TrainerBase):
     def _next_batch(self, iterator) -> TensorDictBase:
         """``next(iterator)``, with a dead collector worker turned into a clear stop."""
         try:
-            return next(iterator)
+            batch = next(iterator)
+            # multi_sync stacks the workers' [envs, T] batches; the buffer takes [envs, T]
+            # (trajectory ids are unique across workers: torchrl numbers them from one pool)
+            return batch.flatten(0, 1) if batch.batch_dims == 3 else batch
         except (RuntimeError, OSError, EOFError) as err:
             # a worker killed while its batch is in flight also shows up as a broken
             # connection (ConnectionResetError / EOFError) when the batch is unpickled
