@@ -174,6 +174,23 @@ def publish_due(train_iter: int, published_iter: int, weight_sync_interval: int,
     return gap >= weight_sync_interval or 0 <= max_policy_lag <= gap
 
 
+def _backend_of(cfg) -> str:
+    """``async_pipeline.backend`` of a config given as a TrainConfig, a dict or None."""
+    if cfg is None:
+        return "local"
+    if isinstance(cfg, dict):
+        return str((cfg.get("async_pipeline") or {}).get("backend", "local"))
+    return getattr(getattr(cfg, "async_pipeline", None), "backend", "local")
+
+
+def action_spec_of(cfg):
+    """The action spec of one unbatched env (what the collectors' policies are built with)."""
+    probe = make_env(cfg.env, num_envs=1, seed=cfg.seed)
+    action_spec = probe.action_spec[0] if len(probe.batch_size) else probe.action_spec
+    probe.close()
+    return action_spec
+
+
 def _make_worker_env(cfg_dict: dict, seed: int, observation_shape, num_actions: int):
     """Runs in each collector worker: the env, with the primer of the policy's acting memory if it has one."""
     cfg = load_config(cfg_dict)
@@ -207,10 +224,21 @@ class AsyncTrainer(TrainerBase):
         >>> summary = trainer.run()  # doctest: +SKIP
     """
 
+    def __new__(cls, cfg=None):
+        # async_pipeline.backend=ray: the same driver with Ray actors (trainers/ray_backend.py)
+        if cls is AsyncTrainer and _backend_of(cfg) == "ray":
+            from torchrl_muzero.trainers.ray_backend import RayAsyncTrainer
+
+            cls = RayAsyncTrainer
+        return super().__new__(cls)
+
     def _loop(self) -> None:
-        cfg, ap = self.cfg, self.cfg.async_pipeline
-        # the knobs' ranges, max_collect_inflight and GPU actors were checked at start (config_checks)
-        collector_device = "cuda" if ap.collector_num_gpus > 0 else "cpu"
+        self._init_driver_state()
+        self._start_actors()
+        self._run_event_loop()
+
+    def _init_driver_state(self) -> None:
+        """What the event loop keeps, whichever backend runs the actors."""
         self.versions = PolicyVersionMap(initial_train_iter=self.learner.train_iter)
         self.published_iter = self.learner.train_iter
         self.lag_max = 0
@@ -219,18 +247,22 @@ class AsyncTrainer(TrainerBase):
         self.learner_busy_s = 0.0
         self._pending_eval: dict[int, dict] = {}  # version -> the exact weights sent to an evaluator
         self._evaluated: set[int] = set()  # versions already sent to an evaluator
-        cfg_dict = config_to_dict(cfg)
+        self.threads = LearnerThreads(cores=reclaim_torch_threads(self.torch_threads),
+                                      fixed=self.cfg.async_pipeline.learner_num_threads)
+        self.thread_steps = self.thread_updates = 0  # learner threads summed over updates, and the updates
 
+    def _start_actors(self) -> None:
+        """Local backend: torchrl's multi-process collector and the evaluator processes."""
+        cfg, ap = self.cfg, self.cfg.async_pipeline
+        # the knobs' ranges, max_collect_inflight and GPU actors were checked at start (config_checks)
+        collector_device = "cuda" if ap.collector_num_gpus > 0 else "cpu"
+        cfg_dict = config_to_dict(cfg)
         control = SharedControl(2)
         control[_LEARNER_ITER] = self.learner.train_iter
         control[_TEMPERATURE] = temperature_at(cfg, self.env_steps / max(cfg.train.total_env_steps, 1))
         self.control = control
-        probe = make_env(cfg.env, num_envs=1, seed=cfg.seed)
-        action_spec = probe.action_spec[0] if len(probe.batch_size) else probe.action_spec
-        probe.close()
+        action_spec = action_spec_of(cfg)
         n_workers = ap.num_collector_actors
-        self.threads = LearnerThreads(cores=reclaim_torch_threads(self.torch_threads), fixed=ap.learner_num_threads)
-        self.thread_steps = self.thread_updates = 0  # learner threads summed over updates, and the updates
         self.scheme = GuardedWeightSyncScheme(initial_weights=self.learner.model, timeout_s=ap.shutdown_timeout_s)
         # multi_sync: one next() starts every worker and returns all their batches at once (stacked
         # [workers, envs, T]); each worker still collects frames_per_batch frames, as with multi_async
@@ -255,14 +287,17 @@ class AsyncTrainer(TrainerBase):
         if ap.num_evaluator_actors > 0:
             self.evaluators = EvaluatorPool(cfg_dict, self.observation_shape, self.num_actions,
                                             ap.num_evaluator_actors, ap.max_eval_inflight)
-        self._run_event_loop()
+
+    def _batches(self):
+        """What :meth:`_next_batch` draws from (local: the torchrl collector's iterator)."""
+        return iter(self.collector)
 
     # -- the driver's event loop -------------------------------------------------
     def _run_event_loop(self) -> None:
         cfg, ap = self.cfg, self.cfg.async_pipeline
         queue_cap = ap.max_train_budget_queue_size or 2 * ap.num_collector_actors
         budgets: deque[float] = deque()  # one budget per collected batch, consumed in order
-        iterator = iter(self.collector)
+        iterator = self._batches()
         last_eval_submitted = -1
         if ap.eval_at_start:
             self._submit_eval()
