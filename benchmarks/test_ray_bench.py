@@ -28,7 +28,7 @@ from torchrl_muzero.trainers.hydra_entry import compose_config  # noqa: E402
 from torchrl_muzero.trainers.ray_backend import RaySession, WeightPacker, unpack_weights  # noqa: E402
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
-STEPS = 3072
+STEPS = 1536
 
 
 @pytest.fixture(scope="module")
