@@ -24,7 +24,16 @@ from pipeline_utils import processes_with_marker, tiny_config  # noqa: E402
 
 from torchrl_muzero.trainers import AsyncTrainer  # noqa: E402
 from torchrl_muzero.trainers.checkpoint import load_checkpoint  # noqa: E402
-from torchrl_muzero.trainers.ray_backend import RayAsyncTrainer, RaySession  # noqa: E402
+from torchrl_muzero.algorithms import algorithm_names  # noqa: E402
+from torchrl_muzero.trainers.async_pipeline import action_spec_of  # noqa: E402
+from torchrl_muzero.trainers.builders import build_model  # noqa: E402
+from torchrl_muzero.trainers.config import config_to_dict, load_config  # noqa: E402
+from torchrl_muzero.trainers.ray_backend import (  # noqa: E402
+    CollectorActor,
+    RayAsyncTrainer,
+    RaySession,
+    WeightPacker,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,6 +59,21 @@ class _Recorder(RayAsyncTrainer):
         # a version is fixed within one collect: every frame of the batch has the same one
         self.versions_per_batch = getattr(self, "versions_per_batch", []) + [batch["policy_version"].unique().numel()]
         super()._take_batch(batch, budgets)
+
+
+@pytest.mark.parametrize("name", algorithm_names())
+def test_every_algorithm_collects_in_a_collector_actor(tmp_path, name):
+    """What a Ray collector actor runs, in this process: packed learner weights loaded at the boundary, one collect."""
+    cfg = load_config(tiny_config(tmp_path, **{"algo.name": name, "train.frames_per_batch": 16}))
+    learner_model = build_model(cfg, (4,), 2)
+    actor = CollectorActor(config_to_dict(cfg), 0, 1, (4,), 2, action_spec_of(cfg))
+    try:
+        batch = actor.collect(WeightPacker(learner_model).pack(learner_model), 3, 1.0)
+    finally:
+        actor.close()
+    assert batch.numel() == 16 and batch["policy_version"].unique().tolist() == [3]
+    for key, value in learner_model.state_dict().items():  # the actor runs exactly the learner's weights
+        assert actor.search.model.state_dict()[key].equal(value), key
 
 
 def test_ray_backend_tags_versions_and_bounds_the_lag(tmp_path):
