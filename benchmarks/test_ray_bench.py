@@ -1,7 +1,7 @@
 """The Ray backend beside the local one, in one run: CartPole throughput and the 8M-parameter publish.
 
 ``test_pipeline_ray_vs_local``: the shipped CartPole config (as benchmarks/test_pipeline_bench.py,
-``STEPS`` env steps, evaluation off, torch on every core), ``async_pipeline.backend=local`` and
+``STEPS`` env steps after a 256-step cold start, evaluation off, torch on every core), ``async_pipeline.backend=local`` and
 ``=ray`` at the same replay ratio, with the weights published every update (the default) and every
 10 updates; env steps/s and the learner's busy fraction (benchmarks/pipeline_harness.py).
 
@@ -28,7 +28,7 @@ from torchrl_muzero.trainers.hydra_entry import compose_config  # noqa: E402
 from torchrl_muzero.trainers.ray_backend import RaySession, WeightPacker, unpack_weights  # noqa: E402
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
-STEPS = 1536
+STEPS = 1024
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def ray_session():
 def _config(run_dir, extra):
     return compose_config(CONFIG_DIR, [
         f"run_dir={run_dir}", "logger.progress_bar=false", "logger.backend=none",
-        f"train.total_env_steps={STEPS}", "train.train_start_after_envsteps=512", "train.stop_return=0",
+        f"train.total_env_steps={STEPS}", "train.train_start_after_envsteps=256", "train.stop_return=0",
         "train.max_wall_time_s=0", "eval.interval=1000000", "async_pipeline.num_evaluator_actors=0", *extra])
 
 

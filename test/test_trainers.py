@@ -363,6 +363,29 @@ def test_async_knobs_with_no_meaning_here_fail_at_start(tmp_path):
     assert not _wait_no_descendants()
 
 
+def test_ray_knobs_fail_at_start_in_one_line(tmp_path, monkeypatch):
+    """backend=ray's rules, and the install hint when ray is missing (checked before anything starts)."""
+    import importlib.util
+
+    ray = {"async_pipeline.backend": "ray", "async_pipeline.num_collector_actors": 2}
+    with pytest.raises(ConfigError, match=r"'async_pipeline.max_collect_inflight' must be 0 \(num_collector_actors\) "
+                                          r"or in \[1, 2\]"):
+        load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.max_collect_inflight": 3}))
+    load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.max_collect_inflight": 1}))  # any value up to 2
+    with pytest.raises(ConfigError, match="'async_pipeline.ray_local_mode' is true, but Ray"):
+        load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.ray_local_mode": True}))
+    with pytest.raises(ConfigError, match="'async_pipeline.collector' is 'multi_sync', which is for backend=local"):
+        load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.collector": "multi_sync"}))
+    with pytest.raises(ConfigError, match=r"'async_pipeline.backend' must be one of \('local', 'ray'\)"):
+        load_config(tiny_config(tmp_path, **{"async_pipeline.backend": "rey"}))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"needs the ray package: pip install torchrl_muzero\[ray\]") as err:
+        AsyncTrainer(tiny_config(tmp_path, **ray))
+    assert len(str(err.value).splitlines()) == 1
+    assert not list(tmp_path.iterdir()), "a rejected start wrote into the run folder"
+
+
 def test_async_nan_loss_stops_cleanly_without_leftover_processes(tmp_path, monkeypatch):
     trainer = AsyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 10**6}))
     _poison_loss(trainer, monkeypatch, "loss_reward", float("inf"), from_iter=12)
