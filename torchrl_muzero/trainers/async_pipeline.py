@@ -218,6 +218,12 @@ class AsyncTrainer(TrainerBase):
     flight while a publish travels is the 1 that even ``max_policy_lag=0``
     shows (see :func:`publish_due`).
 
+    Where the actors run: ``backend=local`` (torchrl's ``MultiAsyncCollector``,
+    or ``MultiSyncCollector`` with ``collector=multi_sync``: one batch of every
+    worker at once) or ``backend=ray``, for which ``AsyncTrainer(cfg)`` returns
+    a :class:`~torchrl_muzero.trainers.ray_backend.RayAsyncTrainer` (the same
+    event loop; collectors and evaluators as Ray actors, docs/multi-node.md).
+
     Examples:
         >>> from torchrl_muzero.trainers import AsyncTrainer
         >>> trainer = AsyncTrainer({"train": {"total_env_steps": 2048}})  # doctest: +SKIP
