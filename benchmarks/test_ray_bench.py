@@ -3,7 +3,7 @@
 ``test_pipeline_ray_vs_local``: the shipped CartPole config (as benchmarks/test_pipeline_bench.py,
 ``STEPS`` env steps after a 256-step cold start, evaluation off, torch on every core), ``async_pipeline.backend=local`` and
 ``=ray`` at the same replay ratio, with the weights published every update (the default) and every
-10 updates; env steps/s and the learner's busy fraction (benchmarks/pipeline_harness.py).
+10 updates (``max_policy_lag=-1``); env steps/s and the learner's busy fraction (benchmarks/pipeline_harness.py).
 
 ``test_publish_8m``: an ~8.4M-parameter MLP (benchmarks/test_weight_sync_bench.py's) published to 2
 idle collectors, from the learner's weights until both run them: the local backend's guarded
@@ -54,7 +54,10 @@ def _config(run_dir, extra):
 @pytest.mark.parametrize("interval", [1, 10], ids=["weights-every-update", "weights-every-10"])
 @pytest.mark.parametrize("backend", ["local", "ray"])
 def test_pipeline_ray_vs_local(benchmark, tmp_path, backend, interval, all_cores, ray_session):
-    cfg = _config(tmp_path, [f"async_pipeline.backend={backend}", f"async_pipeline.weight_sync_interval={interval}"])
+    # every 10 updates: max_policy_lag=-1, or the default bound (0) would still publish every update
+    lag = [] if interval == 1 else ["async_pipeline.max_policy_lag=-1"]
+    cfg = _config(tmp_path, [f"async_pipeline.backend={backend}", f"async_pipeline.weight_sync_interval={interval}",
+                             *lag])
     info = run_pipeline_benchmark(benchmark, build_trainer("async", cfg))
     print(f"\n{backend} interval={interval}: {info}")
 

@@ -131,6 +131,10 @@ class RaySession:
         previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         try:
             self._init(ray, kwargs)
+        except BaseException:  # Ctrl-C / SIGTERM while Ray starts: whatever it started goes, and its folder
+            self.owned = True
+            self.stop()
+            raise
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
