@@ -94,6 +94,28 @@ def test_ray_backend_tags_versions_and_bounds_the_lag(tmp_path):
     assert (tmp_path / "eval.csv").read_text().count("\n") >= 2, "no evaluation came back from the evaluator actor"
 
 
+def test_dead_evaluator_actor_stops_the_run_within_10s(tmp_path):
+    cfg = _ray_config(tmp_path, **{"train.total_env_steps": 10**6, "async_pipeline.num_evaluator_actors": 1,
+                                   "eval.interval": 5})
+    trainer = RayAsyncTrainer(cfg)
+    killed = []
+
+    def killer():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if trainer.learner.train_iter >= 10 and trainer.evaluators is not None and trainer.evaluators.where[0]:
+                killed.append(time.monotonic())
+                os.kill(trainer.evaluators.where[0]["pid"], signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=killer, daemon=True).start()
+    summary = trainer.run()
+    assert killed, "the run never reached 10 updates"
+    assert summary["status"] == "fault" and "evaluator actor 0 (pid" in summary["reason"], summary
+    assert "died" in summary["reason"] and time.monotonic() - killed[0] < 10.0
+
+
 @pytest.mark.parametrize("restart", [False, True], ids=["stops", "restarts"])
 def test_dead_collector_actor_stops_the_run_or_is_restarted(tmp_path, restart):
     cfg = _ray_config(tmp_path, **{"train.total_env_steps": 10**6 if not restart else 1024,

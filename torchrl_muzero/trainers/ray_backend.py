@@ -181,6 +181,16 @@ class RayEvaluatorPool:
         self.actors = [remote.remote(cfg_dict, i, observation_shape, num_actions) for i in range(num_evaluators)]
         self.running: dict = {}  # ObjectRef -> (evaluator index, version)
         self.max_inflight = max(1, max_inflight)
+        self.where: list[dict] = [{} for _ in self.actors]
+
+    def started(self, timeout_s: float) -> None:
+        """Wait for the evaluators to exist: their pids (fault messages), and start-up errors naming them."""
+        for i, actor in enumerate(self.actors):
+            try:
+                self.where[i] = self.ray.get(actor.where.remote(), timeout=timeout_s)
+            except Exception as err:
+                raise WorkerDied(f"evaluator actor {i} failed to start: {type(err).__name__}: "
+                                 f"{(str(err).strip().splitlines() or [''])[0]}") from err
 
     @property
     def inflight(self) -> int:
@@ -205,7 +215,8 @@ class RayEvaluatorPool:
                 returns, stats = self.ray.get(ref)
             except Exception as err:
                 what = "died" if _actor_died(self.ray, err) else "failed"
-                raise WorkerDied(f"evaluator actor {idx} {what}: {type(err).__name__}: "
+                raise WorkerDied(f"evaluator actor {idx} (pid {self.where[idx].get('pid', '?')}) {what}: "
+                                 f"{type(err).__name__}: "
                                  f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from err
             out.append(EvalResult(version, returns, stats))
         return out
@@ -270,9 +281,11 @@ class RayAsyncTrainer(AsyncTrainer):
             self.evaluators = RayEvaluatorPool(ray, self._cfg_dict, self.observation_shape, self.num_actions,
                                                ap.num_evaluator_actors, ap.max_eval_inflight,
                                                ap.evaluator_num_cpus, ap.evaluator_num_gpus)
-        # wait for the collectors to exist (their start-up errors surface here, naming the actor)
+        # wait for the actors to exist (their start-up errors surface here, naming the actor)
         for slot in range(n):
             self.actor_where[slot] = self._get(self.actors[slot].where.remote(), slot, ap.shutdown_timeout_s * 4)
+        if self.evaluators is not None:
+            self.evaluators.started(ap.shutdown_timeout_s * 4)
         self._fill()
 
     def _spawn(self, slot: int) -> None:
