@@ -60,6 +60,10 @@ class _Recorder(RayAsyncTrainer):
         self.versions_per_batch = getattr(self, "versions_per_batch", []) + [batch["policy_version"].unique().numel()]
         super()._take_batch(batch, budgets)
 
+    def _fill(self):
+        super()._fill()
+        self.most_inflight = max(getattr(self, "most_inflight", 0), len(self.running))
+
 
 @pytest.mark.parametrize("name", algorithm_names())
 def test_every_algorithm_collects_in_a_collector_actor(tmp_path, name):
@@ -87,6 +91,7 @@ def test_ray_backend_tags_versions_and_bounds_the_lag(tmp_path):
     summary = trainer.run()
     assert summary["status"] == "ok", summary
     assert set(trainer.versions_per_batch) == {1}
+    assert trainer.most_inflight == 1  # max_collect_inflight=1 of 2 actors
     assert 1 <= max(trainer.seen_lags) <= 3  # the local backend's bound: weight_sync_interval here
     assert trainer.versions.latest_version >= 2, "weights were never published"
     assert summary["train_iter"] == (768 - 64) * 0.5  # every batch once training may start buys its updates
