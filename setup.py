@@ -74,7 +74,8 @@ setup(
     extras_require={
         "atari": ["ale-py>=0.10"],
         "ray": ["ray>=2.40"],
-        "dev": ["pytest", "pytest-benchmark", "pytest-timeout", "ale-py>=0.10"],
+        # ray: the Ray backend's tests (test/test_ray_backend.py, ~3.5 min on 2 cores) run in CI too
+        "dev": ["pytest", "pytest-benchmark", "pytest-timeout", "ale-py>=0.10", "ray>=2.40"],
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,

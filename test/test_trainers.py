@@ -164,6 +164,22 @@ def test_async_policy_lag_is_bounded(tmp_path, interval, max_lag):
     assert not _wait_no_descendants()
 
 
+def test_multi_sync_collector_hands_in_all_workers_at_once_with_the_lag_bound(tmp_path):
+    """async_pipeline.collector=multi_sync: one batch of every worker's frames, versions mapped, lag bounded."""
+    cfg = tiny_config(tmp_path, **{"async_pipeline.collector": "multi_sync", "async_pipeline.num_collector_actors": 2,
+                                   "async_pipeline.num_evaluator_actors": 0, "train.replay_ratio": 0.5})
+    trainer = _LagRecorder(cfg)
+    sizes = []
+    take = trainer._take_batch
+    trainer._take_batch = lambda batch, budgets: (sizes.append(batch.numel()), take(batch, budgets))
+    summary = trainer.run()
+    assert summary["status"] == "ok", summary
+    assert sizes and set(sizes) == {2 * 64}, sizes  # both workers' frames_per_batch in each batch
+    assert max(trainer.seen_lags) <= 1  # the defaults' bound (interval 1, max_policy_lag 0)
+    assert summary["train_iter"] == 512 * 0.5  # each of the 4 batches of 128 frames buys its updates
+    assert not _wait_no_descendants()
+
+
 class _KnobRecorder(AsyncTrainer):
     """Records what the seed's knobs bound: updates per chunk, the budget queue, evaluation submits."""
 
@@ -345,6 +361,29 @@ def test_async_knobs_with_no_meaning_here_fail_at_start(tmp_path):
             AsyncTrainer(tiny_config(tmp_path, **{"async_pipeline.collector_num_gpus": 0.5}))
     assert not list(tmp_path.iterdir()), "a rejected start wrote into the run folder"
     assert not _wait_no_descendants()
+
+
+def test_ray_knobs_fail_at_start_in_one_line(tmp_path, monkeypatch):
+    """backend=ray's rules, and the install hint when ray is missing (checked before anything starts)."""
+    import importlib.util
+
+    ray = {"async_pipeline.backend": "ray", "async_pipeline.num_collector_actors": 2}
+    with pytest.raises(ConfigError, match=r"'async_pipeline.max_collect_inflight' must be 0 \(num_collector_actors\) "
+                                          r"or in \[1, 2\]"):
+        load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.max_collect_inflight": 3}))
+    load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.max_collect_inflight": 1}))  # any value up to 2
+    with pytest.raises(ConfigError, match="'async_pipeline.ray_local_mode' is true, but Ray"):
+        load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.ray_local_mode": True}))
+    with pytest.raises(ConfigError, match="'async_pipeline.collector' is 'multi_sync', which is for backend=local"):
+        load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.collector": "multi_sync"}))
+    with pytest.raises(ConfigError, match=r"'async_pipeline.backend' must be one of \('local', 'ray'\)"):
+        load_config(tiny_config(tmp_path, **{"async_pipeline.backend": "rey"}))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"needs the ray package: pip install torchrl_muzero\[ray\]") as err:
+        AsyncTrainer(tiny_config(tmp_path, **ray))
+    assert len(str(err.value).splitlines()) == 1
+    assert not list(tmp_path.iterdir()), "a rejected start wrote into the run folder"
 
 
 def test_async_nan_loss_stops_cleanly_without_leftover_processes(tmp_path, monkeypatch):

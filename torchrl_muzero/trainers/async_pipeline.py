@@ -31,7 +31,7 @@ from collections import deque
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from torchrl.collectors import MultiAsyncCollector
+from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
 from torchrl.envs import TransformedEnv
 
 from torchrl_muzero.envs import make_env
@@ -174,6 +174,23 @@ def publish_due(train_iter: int, published_iter: int, weight_sync_interval: int,
     return gap >= weight_sync_interval or 0 <= max_policy_lag <= gap
 
 
+def _backend_of(cfg) -> str:
+    """``async_pipeline.backend`` of a config given as a TrainConfig, a dict or None."""
+    if cfg is None:
+        return "local"
+    if isinstance(cfg, dict):
+        return str((cfg.get("async_pipeline") or {}).get("backend", "local"))
+    return getattr(getattr(cfg, "async_pipeline", None), "backend", "local")
+
+
+def action_spec_of(cfg):
+    """The action spec of one unbatched env (what the collectors' policies are built with)."""
+    probe = make_env(cfg.env, num_envs=1, seed=cfg.seed)
+    action_spec = probe.action_spec[0] if len(probe.batch_size) else probe.action_spec
+    probe.close()
+    return action_spec
+
+
 def _make_worker_env(cfg_dict: dict, seed: int, observation_shape, num_actions: int):
     """Runs in each collector worker: the env, with the primer of the policy's acting memory if it has one."""
     cfg = load_config(cfg_dict)
@@ -201,16 +218,33 @@ class AsyncTrainer(TrainerBase):
     flight while a publish travels is the 1 that even ``max_policy_lag=0``
     shows (see :func:`publish_due`).
 
+    Where the actors run: ``backend=local`` (torchrl's ``MultiAsyncCollector``,
+    or ``MultiSyncCollector`` with ``collector=multi_sync``: one batch of every
+    worker at once) or ``backend=ray``, for which ``AsyncTrainer(cfg)`` returns
+    a :class:`~torchrl_muzero.trainers.ray_backend.RayAsyncTrainer` (the same
+    event loop; collectors and evaluators as Ray actors, docs/multi-node.md).
+
     Examples:
         >>> from torchrl_muzero.trainers import AsyncTrainer
         >>> trainer = AsyncTrainer({"train": {"total_env_steps": 2048}})  # doctest: +SKIP
         >>> summary = trainer.run()  # doctest: +SKIP
     """
 
+    def __new__(cls, cfg=None):
+        # async_pipeline.backend=ray: the same driver with Ray actors (trainers/ray_backend.py)
+        if cls is AsyncTrainer and _backend_of(cfg) == "ray":
+            from torchrl_muzero.trainers.ray_backend import RayAsyncTrainer
+
+            cls = RayAsyncTrainer
+        return super().__new__(cls)
+
     def _loop(self) -> None:
-        cfg, ap = self.cfg, self.cfg.async_pipeline
-        # the knobs' ranges, max_collect_inflight and GPU actors were checked at start (config_checks)
-        collector_device = "cuda" if ap.collector_num_gpus > 0 else "cpu"
+        self._init_driver_state()
+        self._start_actors()
+        self._run_event_loop()
+
+    def _init_driver_state(self) -> None:
+        """What the event loop keeps, whichever backend runs the actors."""
         self.versions = PolicyVersionMap(initial_train_iter=self.learner.train_iter)
         self.published_iter = self.learner.train_iter
         self.lag_max = 0
@@ -219,28 +253,36 @@ class AsyncTrainer(TrainerBase):
         self.learner_busy_s = 0.0
         self._pending_eval: dict[int, dict] = {}  # version -> the exact weights sent to an evaluator
         self._evaluated: set[int] = set()  # versions already sent to an evaluator
-        cfg_dict = config_to_dict(cfg)
+        self.threads = LearnerThreads(cores=reclaim_torch_threads(self.torch_threads),
+                                      fixed=self.cfg.async_pipeline.learner_num_threads)
+        self.thread_steps = self.thread_updates = 0  # learner threads summed over updates, and the updates
 
+    def _start_actors(self) -> None:
+        """Local backend: torchrl's multi-process collector and the evaluator processes."""
+        cfg, ap = self.cfg, self.cfg.async_pipeline
+        # the knobs' ranges, max_collect_inflight and GPU actors were checked at start (config_checks)
+        collector_device = "cuda" if ap.collector_num_gpus > 0 else "cpu"
+        cfg_dict = config_to_dict(cfg)
         control = SharedControl(2)
         control[_LEARNER_ITER] = self.learner.train_iter
         control[_TEMPERATURE] = temperature_at(cfg, self.env_steps / max(cfg.train.total_env_steps, 1))
         self.control = control
-        probe = make_env(cfg.env, num_envs=1, seed=cfg.seed)
-        action_spec = probe.action_spec[0] if len(probe.batch_size) else probe.action_spec
-        probe.close()
+        action_spec = action_spec_of(cfg)
         n_workers = ap.num_collector_actors
-        self.threads = LearnerThreads(cores=reclaim_torch_threads(self.torch_threads), fixed=ap.learner_num_threads)
-        self.thread_steps = self.thread_updates = 0  # learner threads summed over updates, and the updates
         self.scheme = GuardedWeightSyncScheme(initial_weights=self.learner.model, timeout_s=ap.shutdown_timeout_s)
-        self.collector = MultiAsyncCollector(
+        # multi_sync: one next() starts every worker and returns all their batches at once (stacked
+        # [workers, envs, T]); each worker still collects frames_per_batch frames, as with multi_async
+        sync = ap.collector == "multi_sync"
+        self.collector = (MultiSyncCollector if sync else MultiAsyncCollector)(
             [functools.partial(_make_worker_env, cfg_dict, cfg.seed + 1000 * (i + 1), self.observation_shape,
                                self.num_actions) for i in range(n_workers)],
             policy_factory=functools.partial(
                 _make_worker_policy, cfg_dict, self.observation_shape, self.num_actions, action_spec, control,
                 collector_device,
             ),
-            frames_per_batch=cfg.train.frames_per_batch,
+            frames_per_batch=cfg.train.frames_per_batch * (n_workers if sync else 1),
             total_frames=-1,
+            **({"cat_results": "stack"} if sync else {}),
             weight_sync_schemes={"policy": self.scheme},
             use_buffers=False,  # batches travel as copies: the driver never reads a buffer a worker refills
             # torchrl would fix the driver at (cores - workers) threads; LearnerThreads decides per update
@@ -251,14 +293,17 @@ class AsyncTrainer(TrainerBase):
         if ap.num_evaluator_actors > 0:
             self.evaluators = EvaluatorPool(cfg_dict, self.observation_shape, self.num_actions,
                                             ap.num_evaluator_actors, ap.max_eval_inflight)
-        self._run_event_loop()
+
+    def _batches(self):
+        """What :meth:`_next_batch` draws from (local: the torchrl collector's iterator)."""
+        return iter(self.collector)
 
     # -- the driver's event loop -------------------------------------------------
     def _run_event_loop(self) -> None:
         cfg, ap = self.cfg, self.cfg.async_pipeline
         queue_cap = ap.max_train_budget_queue_size or 2 * ap.num_collector_actors
         budgets: deque[float] = deque()  # one budget per collected batch, consumed in order
-        iterator = iter(self.collector)
+        iterator = self._batches()
         last_eval_submitted = -1
         if ap.eval_at_start:
             self._submit_eval()
@@ -295,7 +340,10 @@ class AsyncTrainer(TrainerBase):
 
     def _batch_ready(self) -> bool:
         # MultiAsyncCollector hands out one worker batch per next(); a non-empty output
-        # queue means next() will not block.
+        # queue means next() will not block. MultiSyncCollector's workers wait for next()
+        # to start them, so with multi_sync a batch is never ready ahead.
+        if isinstance(self.collector, MultiSyncCollector):
+            return False
         q = getattr(self.collector, "queue_out", None)
         return q is not None and not q.empty()
 
@@ -314,6 +362,9 @@ class AsyncTrainer(TrainerBase):
         """Cores the actors use right now: collectors collecting, evaluators evaluating."""
         ap = self.cfg.async_pipeline
         q = getattr(self.collector, "queue_out", None)
+        if isinstance(self.collector, MultiSyncCollector):
+            evaluating = self.evaluators.inflight if self.evaluators is not None else 0
+            return evaluating * ap.evaluator_num_cpus
         try:  # a worker whose batch waits in the queue is idle until the driver takes it
             waiting = q.qsize() if q is not None else 0
         except NotImplementedError:  # macOS multiprocessing queues
@@ -435,7 +486,10 @@ class AsyncTrainer(TrainerBase):
     def _next_batch(self, iterator) -> TensorDictBase:
         """``next(iterator)``, with a dead collector worker turned into a clear stop."""
         try:
-            return next(iterator)
+            batch = next(iterator)
+            # multi_sync stacks the workers' [envs, T] batches; the buffer takes [envs, T]
+            # (trajectory ids are unique across workers: torchrl numbers them from one pool)
+            return batch.flatten(0, 1) if batch.batch_dims == 3 else batch
         except (RuntimeError, OSError, EOFError) as err:
             # a worker killed while its batch is in flight also shows up as a broken
             # connection (ConnectionResetError / EOFError) when the batch is unpickled

@@ -192,6 +192,12 @@ class AsyncPipelineConfig:
     """
 
     enabled: bool = True
+    # where collectors / evaluators run: "local" processes (torchrl's multi-process collectors) or
+    # "ray" actors (trainers/ray_backend.py; pip install torchrl_muzero[ray]), on one machine or a cluster
+    backend: str = "local"
+    # local backend: "multi_async" hands the driver one worker's batch at a time, "multi_sync" one
+    # batch of all workers at once (torchrl MultiAsyncCollector / MultiSyncCollector)
+    collector: str = "multi_async"
     num_collector_actors: int = 1
     num_evaluator_actors: int = 1
     max_collect_inflight: int = 0  # 0: num_collector_actors
@@ -216,6 +222,10 @@ class AsyncPipelineConfig:
     buffer_stats_interval: int = 100
     poll_interval_s: float = 0.1
     shutdown_timeout_s: float = 30.0
+    # Ray backend only
+    address: str = ""  # "": start a Ray instance for this run; "HOST:PORT" / "auto": join a running cluster
+    ray_local_mode: bool = False  # the seed's debugging mode; Ray >= 2.10 has removed it (rejected at start)
+    restart_dead_actors: bool = False  # a collector actor that died is replaced and the run goes on
 
 
 @dataclass
@@ -261,6 +271,8 @@ _KNOWN_CHOICES = {
     "algo.policy_loss": ("cross_entropy", "kl"),
     "mcts.backend": ("auto", "torch", "cpp"),
     "logger.backend": ("csv", "tensorboard", "wandb", "none"),
+    "async_pipeline.backend": ("local", "ray"),
+    "async_pipeline.collector": ("multi_async", "multi_sync"),
 }
 
 

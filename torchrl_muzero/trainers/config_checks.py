@@ -273,12 +273,30 @@ def _check_rules(cfg) -> None:
             f"config key 'train.frames_per_batch' must be a multiple of env.num_envs={n} (each collect steps "
             f"all envs together), got {t.frames_per_batch}: use {lower} or {upper}."
         )
-    if ap.max_collect_inflight not in (0, ap.num_collector_actors):
-        # torchrl's MultiAsyncCollector keeps exactly one collect in flight per worker
+    if ap.backend == "local" and ap.max_collect_inflight not in (0, ap.num_collector_actors):
+        # torchrl's multi-process collectors keep exactly one collect in flight per worker
         raise ConfigError(
             f"config key 'async_pipeline.max_collect_inflight' must be 0 or num_collector_actors "
-            f"({ap.num_collector_actors}), got {ap.max_collect_inflight}: each collector worker has exactly one "
-            "collect in flight; use fewer collector actors to collect less at once."
+            f"({ap.num_collector_actors}) with backend=local, got {ap.max_collect_inflight}: each collector worker "
+            "has exactly one collect in flight; use backend=ray (any value from 1 to num_collector_actors) or fewer "
+            "collector actors."
+        )
+    if ap.backend == "ray" and ap.max_collect_inflight > ap.num_collector_actors:
+        raise ConfigError(
+            f"config key 'async_pipeline.max_collect_inflight' must be 0 (num_collector_actors) or in "
+            f"[1, {ap.num_collector_actors}] (num_collector_actors), got {ap.max_collect_inflight}."
+        )
+    if ap.backend == "ray" and ap.collector != "multi_async":
+        # Ray actors hand in their batches one by one; max_collect_inflight bounds how many collect at once
+        raise ConfigError(
+            f"config key 'async_pipeline.collector' is {ap.collector!r}, which is for backend=local (torchrl's "
+            "MultiSyncCollector); with backend=ray use multi_async."
+        )
+    if ap.ray_local_mode:
+        raise ConfigError(
+            "config key 'async_pipeline.ray_local_mode' is true, but Ray (2.60) no longer has a local mode "
+            "(ray.init(local_mode=True) raises); debug with async_pipeline.backend=local, which runs the same "
+            "collectors as local processes, or async_pipeline.enabled=false (one process)."
         )
     schedule = t.temperature_schedule
     if not schedule:
@@ -416,6 +434,9 @@ def check_run_targets(cfg) -> Optional[dict]:
         if value > 0 and not _cuda_available():
             raise ConfigError(f"config key 'async_pipeline.{knob}' is {value}: GPU actors were asked for, but CUDA is "
                          "not available on this machine (use 0).")
+    if cfg.async_pipeline.enabled and cfg.async_pipeline.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("config key 'async_pipeline.backend' is 'ray', which needs the ray package: "
+                          "pip install torchrl_muzero[ray] (or use async_pipeline.backend=local).")
     backend = cfg.logger.backend
     package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(backend)
     if package and importlib.util.find_spec(package) is None:

@@ -1,0 +1,195 @@
+"""async_pipeline.backend=ray: the pipeline's guarantees through Ray actors (one Ray session for the module).
+
+Ray stays on loopback (conftest.py sets the variables of shared/notes/ray-on-this-machine.md before
+anything imports ray). Skipped, saying why, when ray is not installed (pip install torchrl_muzero[ray]).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="ray is not installed (pip install torchrl_muzero[ray]): the Ray backend's tests skip")
+
+from pipeline_utils import processes_with_marker, tiny_config  # noqa: E402
+
+from torchrl_muzero.trainers import AsyncTrainer  # noqa: E402
+from torchrl_muzero.trainers.checkpoint import load_checkpoint  # noqa: E402
+from torchrl_muzero.algorithms import algorithm_names  # noqa: E402
+from torchrl_muzero.trainers.async_pipeline import action_spec_of  # noqa: E402
+from torchrl_muzero.trainers.builders import build_model  # noqa: E402
+from torchrl_muzero.trainers.config import config_to_dict, load_config  # noqa: E402
+from torchrl_muzero.trainers.ray_backend import (  # noqa: E402
+    CollectorActor,
+    RayAsyncTrainer,
+    RaySession,
+    WeightPacker,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    # one Ray instance for the in-process tests (start-up is ~5 s); the trainers use it and leave it running
+    session = RaySession(num_cpus=4)
+    session.start()
+    yield session
+    session.stop()
+
+
+def _ray_config(tmp_path, **overrides):
+    return tiny_config(tmp_path, **{"async_pipeline.backend": "ray", "async_pipeline.num_collector_actors": 2,
+                                    "async_pipeline.num_evaluator_actors": 0, **overrides})
+
+
+class _Recorder(RayAsyncTrainer):
+    def _take_batch(self, batch, budgets):
+        train_iters = self.versions.train_iters(batch["policy_version"])
+        self.seen_lags = getattr(self, "seen_lags", []) + (batch["learner_iter"] - train_iters).flatten().tolist()
+        # a version is fixed within one collect: every frame of the batch has the same one
+        self.versions_per_batch = getattr(self, "versions_per_batch", []) + [batch["policy_version"].unique().numel()]
+        super()._take_batch(batch, budgets)
+
+    def _fill(self):
+        super()._fill()
+        self.most_inflight = max(getattr(self, "most_inflight", 0), len(self.running))
+
+
+@pytest.mark.parametrize("name", algorithm_names())
+def test_every_algorithm_collects_in_a_collector_actor(tmp_path, name):
+    """What a Ray collector actor runs, in this process: packed learner weights loaded at the boundary, one collect."""
+    cfg = load_config(tiny_config(tmp_path, **{"algo.name": name, "train.frames_per_batch": 16}))
+    learner_model = build_model(cfg, (4,), 2)
+    actor = CollectorActor(config_to_dict(cfg), 0, 1, (4,), 2, action_spec_of(cfg))
+    try:
+        batch = actor.collect(WeightPacker(learner_model).pack(learner_model), 3, 1.0)
+    finally:
+        actor.close()
+    assert batch.numel() == 16 and batch["policy_version"].unique().tolist() == [3]
+    for key, value in learner_model.state_dict().items():  # the actor runs exactly the learner's weights
+        assert actor.search.model.state_dict()[key].equal(value), key
+
+
+def test_ray_backend_tags_versions_and_bounds_the_lag(tmp_path):
+    cfg = _ray_config(tmp_path, **{"train.total_env_steps": 768, "train.replay_ratio": 0.5,
+                                   "async_pipeline.weight_sync_interval": 3, "async_pipeline.max_policy_lag": -1,
+                                   "async_pipeline.max_collect_inflight": 1, "async_pipeline.num_evaluator_actors": 1,
+                                   "eval.interval": 40})
+    # the script's entry point picks the backend (built, not run: nothing starts before run())
+    assert type(AsyncTrainer(_ray_config(tmp_path / "type"))) is RayAsyncTrainer
+    trainer = _Recorder(cfg)
+    summary = trainer.run()
+    assert summary["status"] == "ok", summary
+    assert set(trainer.versions_per_batch) == {1}
+    assert trainer.most_inflight == 1  # max_collect_inflight=1 of 2 actors
+    assert 1 <= max(trainer.seen_lags) <= 3  # the local backend's bound: weight_sync_interval here
+    assert trainer.versions.latest_version >= 2, "weights were never published"
+    assert summary["train_iter"] == (768 - 64) * 0.5  # every batch once training may start buys its updates
+    assert len(trainer.buffer) == summary["env_steps"] == 768
+    assert (tmp_path / "eval.csv").read_text().count("\n") >= 2, "no evaluation came back from the evaluator actor"
+
+
+def test_dead_evaluator_actor_stops_the_run_within_10s(tmp_path):
+    cfg = _ray_config(tmp_path, **{"train.total_env_steps": 10**6, "async_pipeline.num_evaluator_actors": 1,
+                                   "eval.interval": 5})
+    trainer = RayAsyncTrainer(cfg)
+    killed = []
+
+    def killer():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if trainer.learner.train_iter >= 10 and trainer.evaluators is not None and trainer.evaluators.where[0]:
+                killed.append(time.monotonic())
+                os.kill(trainer.evaluators.where[0]["pid"], signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=killer, daemon=True).start()
+    summary = trainer.run()
+    assert killed, "the run never reached 10 updates"
+    assert summary["status"] == "fault" and "evaluator actor 0 (pid" in summary["reason"], summary
+    assert "died" in summary["reason"] and time.monotonic() - killed[0] < 10.0
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["stops", "restarts"])
+def test_dead_collector_actor_stops_the_run_or_is_restarted(tmp_path, restart):
+    cfg = _ray_config(tmp_path, **{"train.total_env_steps": 10**6 if not restart else 1024,
+                                   "async_pipeline.restart_dead_actors": restart})
+    trainer = RayAsyncTrainer(cfg)
+    killed = []
+
+    def killer():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if trainer.learner.train_iter >= 10:
+                killed.append((time.monotonic(), trainer.env_steps))
+                os.kill(trainer.actor_where[0]["pid"], signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=killer, daemon=True).start()
+    summary = trainer.run()
+    stopped_at = time.monotonic()
+    assert killed, "the run never reached 10 updates"
+    if not restart:
+        assert summary["status"] == "fault", summary
+        assert "collector actor 0 (pid" in summary["reason"] and "died" in summary["reason"]
+        assert stopped_at - killed[0][0] < 10.0
+        assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["counters"]["train_iter"] > 0
+    else:
+        assert summary["status"] == "ok", summary
+        assert summary["actor_restarts"] == 1
+        # nothing lost: every frame handed in is in the buffer, and collection went on after the restart
+        assert len(trainer.buffer) == summary["env_steps"] == 1024 > killed[0][1]
+
+
+STOPS = {"ok": (0, "ok"), "ctrl-c": (130, "interrupted"), "sigterm": (143, "terminated")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_script_on_ray_runs_and_leaves_nothing_behind(tmp_path, stop):
+    """muzero_async.py async_pipeline.backend=ray: no Ray process, no temp folder left, however it ends."""
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "TORCHRL_MUZERO_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
+    before = set(glob.glob("/tmp/trm_ray_*"))
+    cmd = [sys.executable, str(REPO / "sota-implementations/muzero/muzero_async.py"),
+           f"run_dir={tmp_path}", "env.num_envs=4", "model.latent_dim=16", "model.hidden_dim=16",
+           "mcts.num_simulations=4", "optim.batch_size=32",
+           f"train.total_env_steps={384 if stop == 'ok' else 10**6}", "train.train_start_after_envsteps=128",
+           "train.frames_per_batch=64", "logger.progress_bar=false", "eval.num_episodes=2", "eval.interval=20",
+           "train.checkpoint_interval=10", "async_pipeline.backend=ray", "async_pipeline.num_collector_actors=2",
+           f"async_pipeline.num_evaluator_actors={1 if stop == 'ok' else 0}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        if stop != "ok":
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and not (tmp_path / "ckpt" / "last.pt").exists():
+                time.sleep(0.5)
+            assert proc.poll() is None, proc.stdout.read()
+            proc.send_signal(signal.SIGINT if stop == "ctrl-c" else signal.SIGTERM)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    code, status = STOPS[stop]
+    assert proc.returncode == code, out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == status and summary["train_iter"] > 0
+    if stop == "ok":
+        assert summary["env_steps"] == 384 and summary["best_version"] is not None
+    deadline = time.monotonic() + 10
+    while processes_with_marker(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_with_marker(marker) == [], "Ray processes were left behind"
+    assert set(glob.glob("/tmp/trm_ray_*")) - before == set(), "the Ray temp folder was left behind"
