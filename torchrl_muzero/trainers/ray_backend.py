@@ -57,25 +57,12 @@ from torchrl_muzero.trainers.builders import temperature_at
 from torchrl_muzero.trainers.config import ConfigError, config_to_dict
 from torchrl_muzero.trainers.evaluator import EvalResult, WorkerDied
 from torchrl_muzero.trainers.ray_actors import CollectorActor, EvaluatorActor, WeightPacker, unpack_weights
+from torchrl_muzero.trainers.ray_env import LOOPBACK_ENV
 
 # the actors' classes are re-exported: the backend's one import for users and tests
 __all__ = ["RayAsyncTrainer", "RaySession", "import_ray", "LOOPBACK_ENV"]
 _ACTORS = (CollectorActor, EvaluatorActor, WeightPacker, unpack_weights)  # noqa: the re-export
 
-#: Keeps every Ray socket on 127.0.0.1 and stops Ray's phone-home (shared/notes/ray-on-this-machine.md).
-LOOPBACK_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",
-    "http_proxy": "http://127.0.0.1:9",
-    "https_proxy": "http://127.0.0.1:9",
-    "HTTP_PROXY": "http://127.0.0.1:9",
-    "HTTPS_PROXY": "http://127.0.0.1:9",
-    "no_proxy": "127.0.0.1,localhost",
-    "NO_PROXY": "127.0.0.1,localhost",
-    "GLOO_SOCKET_IFNAME": "lo",
-    "RAY_AUTH_MODE": "disabled",
-}
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 

@@ -27,18 +27,6 @@ def _copy_into(dest: TensorDictBase, src: TensorDictBase) -> None:
         torch._foreach_copy_([dest.get(k) for k in keys], [src.get(k).detach() for k in keys])
 
 
-def _validate_sendable(weights: TensorDictBase) -> None:
-    # Done in the caller's thread: the queue's feeder thread swallows pickling
-    # errors (bug 4), so anything that could fail there must fail here.
-    for key, value in weights.items(True, True):
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"weight {key!r} is a {type(value).__name__}, not a tensor.")
-        if value.requires_grad:
-            raise ValueError(f"weight {key!r} requires grad; publish a snapshot_weights() copy.")
-        if value.device.type != "cpu":
-            raise ValueError(f"weight {key!r} is on {value.device}; snapshots must be on CPU.")
-
-
 def _key_mismatch(dest: TensorDictBase, weights: TensorDictBase) -> str | None:
     dest_keys = {k: v.shape for k, v in dest.items(True, True)}
     src_keys = {k: v.shape for k, v in weights.items(True, True)}
