@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
+from typing import Callable
 
 
 def tiny_config(run_dir, **overrides) -> dict:
@@ -86,3 +90,28 @@ def processes_with_marker(marker: str) -> list[int]:
         except OSError:
             pass
     return out
+
+
+def kill_when_training(trainer, min_train_iter: int, pid: Callable[[], int | None],
+                       timeout_s: float = 120.0) -> list[tuple[float, int | None]]:
+    """SIGKILL a worker of a running ``trainer`` once it has made ``min_train_iter`` updates (fault tests).
+
+    A daemon thread polls ``trainer.learner.train_iter`` and calls ``pid()``, which names the victim
+    (a collector or evaluator process or Ray actor; ``None`` while it is not up yet). The returned
+    list receives ``(time of the kill, trainer's env steps then)`` just before the signal, so a test
+    measures the time to stop from no later than the kill; it stays empty if the run never got there.
+    """
+    killed: list[tuple[float, int | None]] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            victim = pid() if trainer.learner.train_iter >= min_train_iter else None
+            if victim is not None:
+                killed.append((time.monotonic(), getattr(trainer, "env_steps", None)))
+                os.kill(victim, signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=killer, daemon=True).start()
+    return killed

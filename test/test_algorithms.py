@@ -7,11 +7,9 @@ checkpoint; a resumed async run continues the counters and then stops on a
 NaN loss keeping the last good checkpoint; a killed collector stops the run.
 """
 import json
-import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from pipeline_utils import live_descendants, tiny_config
+from pipeline_utils import kill_when_training, live_descendants, tiny_config
 from torchrl_muzero.algorithms import algorithm_names, get_algorithm
 from torchrl_muzero.trainers import AsyncTrainer, ConfigError, load_config
 from torchrl_muzero.trainers.builders import build_buffer, build_loss, build_model, build_policy
@@ -178,20 +176,9 @@ def test_async_resume_then_nan_then_dead_collector(tmp_path, name, monkeypatch):
     # a collector killed mid-run stops the run within seconds, naming it
     trainer = AsyncTrainer(tiny_config(tmp_path / "dead", **{"algo.name": name, "train.total_env_steps": 10**6,
                                                                "async_pipeline.num_evaluator_actors": 0}))
-    killed_at = []
-
-    def killer():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if trainer.learner.train_iter >= 5:
-                os.kill(trainer.collector.procs[0].pid, signal.SIGKILL)
-                killed_at.append(time.monotonic())
-                return
-            time.sleep(0.1)
-
-    threading.Thread(target=killer, daemon=True).start()
+    killed = kill_when_training(trainer, 5, lambda: trainer.collector.procs[0].pid)
     summary = trainer.run()
-    assert killed_at, "the run never reached 5 updates"
+    assert killed, "the run never reached 5 updates"
     assert summary["status"] == "fault" and "collector " in summary["reason"] and "died" in summary["reason"]
-    assert time.monotonic() - killed_at[0] < 10.0
+    assert time.monotonic() - killed[0][0] < 10.0
     assert not _wait_no_descendants()

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 pytest.importorskip("ray", reason="ray is not installed (pip install torchrl_muzero[ray]): the Ray backend's tests skip")
 
-from pipeline_utils import processes_with_marker, tiny_config  # noqa: E402
+from pipeline_utils import kill_when_training, processes_with_marker, tiny_config  # noqa: E402
 
 from torchrl_muzero.trainers import AsyncTrainer  # noqa: E402
 from torchrl_muzero.trainers.checkpoint import load_checkpoint  # noqa: E402
@@ -103,22 +102,15 @@ def test_dead_evaluator_actor_stops_the_run_within_10s(tmp_path):
     cfg = _ray_config(tmp_path, **{"train.total_env_steps": 10**6, "async_pipeline.num_evaluator_actors": 1,
                                    "eval.interval": 5})
     trainer = RayAsyncTrainer(cfg)
-    killed = []
+    def evaluator_pid():  # the evaluator actor's pid, once it is up
+        up = trainer.evaluators is not None and trainer.evaluators.where[0]
+        return trainer.evaluators.where[0]["pid"] if up else None
 
-    def killer():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if trainer.learner.train_iter >= 10 and trainer.evaluators is not None and trainer.evaluators.where[0]:
-                killed.append(time.monotonic())
-                os.kill(trainer.evaluators.where[0]["pid"], signal.SIGKILL)
-                return
-            time.sleep(0.1)
-
-    threading.Thread(target=killer, daemon=True).start()
+    killed = kill_when_training(trainer, 10, evaluator_pid)
     summary = trainer.run()
     assert killed, "the run never reached 10 updates"
     assert summary["status"] == "fault" and "evaluator actor 0 (pid" in summary["reason"], summary
-    assert "died" in summary["reason"] and time.monotonic() - killed[0] < 10.0
+    assert "died" in summary["reason"] and time.monotonic() - killed[0][0] < 10.0
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["stops", "restarts"])
@@ -126,18 +118,7 @@ def test_dead_collector_actor_stops_the_run_or_is_restarted(tmp_path, restart):
     cfg = _ray_config(tmp_path, **{"train.total_env_steps": 10**6 if not restart else 1024,
                                    "async_pipeline.restart_dead_actors": restart})
     trainer = RayAsyncTrainer(cfg)
-    killed = []
-
-    def killer():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if trainer.learner.train_iter >= 10:
-                killed.append((time.monotonic(), trainer.env_steps))
-                os.kill(trainer.actor_where[0]["pid"], signal.SIGKILL)
-                return
-            time.sleep(0.1)
-
-    threading.Thread(target=killer, daemon=True).start()
+    killed = kill_when_training(trainer, 10, lambda: trainer.actor_where[0]["pid"])
     summary = trainer.run()
     stopped_at = time.monotonic()
     assert killed, "the run never reached 10 updates"

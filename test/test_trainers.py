@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline_utils import live_descendants, processes_with_marker, tiny_config
+from pipeline_utils import kill_when_training, live_descendants, processes_with_marker, tiny_config
 from torchrl_muzero.trainers import AsyncTrainer, ConfigError, SyncTrainer, load_config
 from torchrl_muzero.trainers.async_pipeline import publish_due
 from torchrl_muzero.trainers.checkpoint import CheckpointError, load_checkpoint
@@ -238,25 +237,14 @@ def test_async_evaluates_versions_and_saves_exact_checkpoints(tmp_path):
 def test_dead_worker_stops_the_run_within_10s(tmp_path, victim):
     cfg = tiny_config(tmp_path, **{"train.total_env_steps": 10**6, "eval.interval": 5})
     trainer = AsyncTrainer(cfg)
-    killed_at = []
-
-    def killer():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if trainer.learner.train_iter >= 10:
-                procs = trainer.collector.procs if victim == "collector" else trainer.evaluators.procs
-                os.kill(procs[0].pid, signal.SIGKILL)
-                killed_at.append(time.monotonic())
-                return
-            time.sleep(0.1)
-
-    threading.Thread(target=killer, daemon=True).start()
+    procs = (lambda: trainer.collector.procs) if victim == "collector" else (lambda: trainer.evaluators.procs)
+    killed = kill_when_training(trainer, 10, lambda: procs()[0].pid)
     summary = trainer.run()
     stopped_at = time.monotonic()
-    assert killed_at, "the run never reached 10 updates"
+    assert killed, "the run never reached 10 updates"
     assert summary["status"] == "fault"
     assert f"{victim} " in summary["reason"] and "died" in summary["reason"]
-    assert stopped_at - killed_at[0] < 10.0
+    assert stopped_at - killed[0][0] < 10.0
     assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["counters"]["train_iter"] > 0
     assert not _wait_no_descendants()
 
