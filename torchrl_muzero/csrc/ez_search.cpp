@@ -178,12 +178,7 @@ void register_ez(pybind11::module_& m) {
         "Run every simulation of a search for EfficientZeroMLPModel (one "
         "hidden layer, value-prefix LSTM) on a fresh tree whose root is "
         "initialised, in place, descending with the named rules.",
-        py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),
-        py::arg("action_from_parent"), py::arg("children_index"),
-        py::arg("children_prior"), py::arg("children_reward"),
-        py::arg("children_discount"), py::arg("children_logits"),
-        py::arg("raw_value"), py::arg("min_q"), py::arg("max_q"),
-        py::arg("root_legal"), py::arg("latent"), py::arg("lstm_h"),
+        MZ_FUSED_TREE_PY_ARGS, py::arg("latent"), py::arg("lstm_h"),
         py::arg("lstm_c"), py::arg("value_prefix"), py::arg("steps"),
         py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
         py::arg("layer_norm_eps"), py::arg("lstm_horizon_len"),

@@ -202,12 +202,7 @@ void register_mlp(pybind11::module_& m) {
         "Run every simulation of a search for MuZeroMLPModel (one hidden "
         "layer) on a fresh tree whose root is initialised, in place, "
         "descending with the named root and interior rules.",
-        py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),
-        py::arg("action_from_parent"), py::arg("children_index"),
-        py::arg("children_prior"), py::arg("children_reward"),
-        py::arg("children_discount"), py::arg("children_logits"),
-        py::arg("raw_value"), py::arg("min_q"), py::arg("max_q"),
-        py::arg("root_legal"), py::arg("embeddings"), py::arg("weights"),
+        MZ_FUSED_TREE_PY_ARGS, py::arg("embeddings"), py::arg("weights"),
         py::arg("reward_eps"), py::arg("value_eps"), py::arg("root_rule"),
         py::arg("root_params"), py::arg("interior_rule"),
         py::arg("interior_params"), py::arg("extra") = Extra{});

@@ -149,12 +149,7 @@ void register_stochastic(pybind11::module_& m) {
         "StochasticMuZeroMLPModel (one hidden layer) on a fresh tree whose "
         "root is initialised, in place, descending with the named root and "
         "interior rules.",
-        py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),
-        py::arg("action_from_parent"), py::arg("children_index"),
-        py::arg("children_prior"), py::arg("children_reward"),
-        py::arg("children_discount"), py::arg("children_logits"),
-        py::arg("raw_value"), py::arg("min_q"), py::arg("max_q"),
-        py::arg("root_legal"), py::arg("latent"), py::arg("is_chance"),
+        MZ_FUSED_TREE_PY_ARGS, py::arg("latent"), py::arg("is_chance"),
         py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
         py::arg("discount"), py::arg("root_rule"), py::arg("root_params"),
         py::arg("interior_rule"), py::arg("interior_params"),

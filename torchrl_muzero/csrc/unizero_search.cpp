@@ -234,10 +234,7 @@ void register_unizero(pybind11::module_& m) {
         "Run every simulation of a search for UniZeroModel (transformer world model; with `kv`, "
         "the exact per-node KV cache, else a full recompute per step) on a fresh tree whose "
         "root is initialised, in place, descending with the named rules.",
-        py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),
-        py::arg("action_from_parent"), py::arg("children_index"), py::arg("children_prior"),
-        py::arg("children_reward"), py::arg("children_discount"), py::arg("children_logits"),
-        py::arg("raw_value"), py::arg("min_q"), py::arg("max_q"), py::arg("root_legal"),
+        MZ_FUSED_TREE_PY_ARGS,
         py::arg("latents"), py::arg("actions"), py::arg("length"), py::arg("kv"),
         py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("root_rule"),
         py::arg("root_params"), py::arg("interior_rule"), py::arg("interior_params"),
