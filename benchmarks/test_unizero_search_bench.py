@@ -41,7 +41,9 @@ SIZES = {
 
 def _model(kv_cache: bool, size: str = "cartpole") -> UniZeroModel:
     torch.manual_seed(0)
-    return UniZeroModel((4,), ACTIONS, position="rope", kv_cache=kv_cache, **SIZES[size]).eval()
+    # random heads (not zero-initialised): the tree shape, and so its cost, follows the values
+    return UniZeroModel((4,), ACTIONS, position="rope", kv_cache=kv_cache, zero_init_heads=False,
+                        **SIZES[size]).eval()
 
 
 def _window(B: int, size: str = "cartpole"):

@@ -16,8 +16,10 @@ WEIGHTS = ("latent", "reward", "policy", "value")
 
 def _model(seed: int = 0) -> UniZeroModel:
     torch.manual_seed(seed)
+    # random heads: a zero policy head predicts uniform, and a cross-entropy against uniform cannot tell
+    # one target distribution (e.g. a label-smoothed one) from another
     return UniZeroModel((5,), A, embed_dim=16, num_heads=2, context_length=2, max_blocks=6,
-                        value_support_size=5, reward_support_size=5, encoder_hidden_dim=16)
+                        value_support_size=5, reward_support_size=5, encoder_hidden_dim=16, zero_init_heads=False)
 
 
 def _batch(seed: int = 1) -> TensorDict:

@@ -130,6 +130,15 @@ class UniZeroModel(nn.Module):
             step, same outputs).
         on_overflow: ``"rebuild"`` or ``"error"`` (module docstring).
         mlp_ratio: the blocks' MLP width over ``embed_dim``.
+        zero_init_heads: start the value, reward and policy heads' last
+            layer at zero (LightZero's ``_initialize_last_layer`` does this for
+            value and reward; our MuZero models do it for all three). Why: the
+            search min-max normalises Q, so the +-0.02 values a GPT-initialised
+            head gives become a full-range Q gap that pins every root of an
+            untrained model to one action (CartPole: ~13 of 16 visits, 99.7 %
+            of actions at temperature 0.25, docs/variants.md). ``False`` keeps
+            random heads (kernel-parity tests use it to compare non-zero
+            outputs).
 
     Training: :meth:`forward` ``(latents [B, T, E], actions [B, T])`` and
     :meth:`unroll` ``(observations [B, T, ...], actions [B, T])`` give a
@@ -191,6 +200,7 @@ class UniZeroModel(nn.Module):
         kv_cache: bool = True,
         on_overflow: str = "rebuild",
         mlp_ratio: int = 4,
+        zero_init_heads: bool = True,
     ) -> None:
         super().__init__()
         if int(num_actions) < 1:
@@ -220,6 +230,10 @@ class UniZeroModel(nn.Module):
         self.policy_head = _head(embed_dim, self.num_actions)
         self.value_head = _head(embed_dim, self.value_support.num_bins)
         self.apply(self._init_weights)  # GPT initialisation for the world model, before the encoder exists
+        if zero_init_heads:  # an untrained model values every action alike (docstring: why)
+            for head in (self.value_head, self.reward_head, self.policy_head):
+                nn.init.zeros_(head[-1].weight)
+                nn.init.zeros_(head[-1].bias)
         self.latent_norm = make_latent_norm(latent_norm, embed_dim, simnorm_dim)
         self.encoder = encoder if encoder is not None else MLPEncoder(
             observation_shape, embed_dim, encoder_hidden_dim, latent_norm=latent_norm, simnorm_dim=simnorm_dim
