@@ -113,6 +113,27 @@ def test_dead_evaluator_actor_stops_the_run_within_10s(tmp_path):
     assert "died" in summary["reason"] and time.monotonic() - killed[0][0] < 10.0
 
 
+def test_dead_evaluator_actor_is_restarted_and_evaluations_go_on(tmp_path):
+    cfg = _ray_config(tmp_path, **{"train.total_env_steps": 512, "async_pipeline.num_evaluator_actors": 1,
+                                   "eval.interval": 5, "async_pipeline.restart_dead_actors": True})
+    trainer = RayAsyncTrainer(cfg)
+    where = []  # the evaluator's pid at each poll; the one killed is the last before the kill
+
+    def evaluator_pid():
+        up = trainer.evaluators is not None and trainer.evaluators.where[0]
+        return where.append(trainer.evaluators.where[0]["pid"]) or where[-1] if up else None
+
+    killed = kill_when_training(trainer, 10, evaluator_pid)
+    summary = trainer.run()
+    assert killed, "the run never reached 10 updates"
+    assert summary["status"] == "ok", summary
+    assert summary["evaluator_restarts"] == summary["actor_restarts"] == 1
+    rows = [line.split(",") for line in (tmp_path / "eval.csv").read_text().splitlines()[1:]]
+    # evaluations kept coming after the kill, from the replacement: periodic ones and the final one
+    assert len([r for r in rows if int(r[0]) > killed[0][1]]) >= 2, (killed, rows)
+    assert len(trainer.buffer) == summary["env_steps"] == 512
+
+
 @pytest.mark.parametrize("restart", [False, True], ids=["stops", "restarts"])
 def test_dead_collector_actor_stops_the_run_or_is_restarted(tmp_path, restart):
     cfg = _ray_config(tmp_path, **{"train.total_env_steps": 10**6 if not restart else 1024,

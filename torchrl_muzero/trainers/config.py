@@ -225,7 +225,7 @@ class AsyncPipelineConfig:
     # Ray backend only
     address: str = ""  # "": start a Ray instance for this run; "HOST:PORT" / "auto": join a running cluster
     ray_local_mode: bool = False  # the seed's debugging mode; Ray >= 2.10 has removed it (rejected at start)
-    restart_dead_actors: bool = False  # a collector actor that died is replaced and the run goes on
+    restart_dead_actors: bool = False  # a collector or evaluator actor that died is replaced; the run goes on
 
 
 @dataclass

@@ -55,9 +55,10 @@ from tensordict import TensorDictBase
 from torchrl_muzero.trainers.async_pipeline import AsyncTrainer, action_spec_of, publish_due
 from torchrl_muzero.trainers.builders import temperature_at
 from torchrl_muzero.trainers.config import ConfigError, config_to_dict
-from torchrl_muzero.trainers.evaluator import EvalResult, WorkerDied
+from torchrl_muzero.trainers.evaluator import WorkerDied
 from torchrl_muzero.trainers.ray_actors import CollectorActor, EvaluatorActor, WeightPacker, unpack_weights
 from torchrl_muzero.trainers.ray_env import LOOPBACK_ENV
+from torchrl_muzero.trainers.ray_evaluators import RayEvaluatorPool, actor_died, first_line
 
 # the actors' classes are re-exported: the backend's one import for users and tests
 __all__ = ["RayAsyncTrainer", "RaySession", "import_ray", "LOOPBACK_ENV"]
@@ -154,66 +155,6 @@ class RaySession:
                 self.temp_dir = None
 
 
-def _actor_died(ray, err: BaseException) -> bool:
-    return isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError))
-
-
-class RayEvaluatorPool:
-    """The :class:`~torchrl_muzero.trainers.evaluator.EvaluatorPool` interface over evaluator actors."""
-
-    def __init__(self, ray, cfg_dict: dict, observation_shape, num_actions: int, num_evaluators: int,
-                 max_inflight: int, num_cpus: float, num_gpus: float) -> None:
-        self.ray = ray
-        remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(EvaluatorActor)
-        self.actors = [remote.remote(cfg_dict, i, observation_shape, num_actions) for i in range(num_evaluators)]
-        self.running: dict = {}  # ObjectRef -> (evaluator index, version)
-        self.max_inflight = max(1, max_inflight)
-        self.where: list[dict] = [{} for _ in self.actors]
-
-    def started(self, timeout_s: float) -> None:
-        """Wait for the evaluators to exist: their pids (fault messages), and start-up errors naming them."""
-        for i, actor in enumerate(self.actors):
-            try:
-                self.where[i] = self.ray.get(actor.where.remote(), timeout=timeout_s)
-            except Exception as err:
-                raise WorkerDied(f"evaluator actor {i} failed to start: {type(err).__name__}: "
-                                 f"{(str(err).strip().splitlines() or [''])[0]}") from err
-
-    @property
-    def inflight(self) -> int:
-        return len(self.running)
-
-    def can_submit(self) -> bool:
-        return self.inflight < min(self.max_inflight, len(self.actors))
-
-    def submit(self, version: int, weights: dict) -> None:
-        busy = {i for i, _ in self.running.values()}
-        idx = next(i for i in range(len(self.actors)) if i not in busy)
-        self.running[self.actors[idx].evaluate.remote(weights)] = (idx, version)
-
-    def poll(self) -> list[EvalResult]:
-        if not self.running:
-            return []
-        ready, _ = self.ray.wait(list(self.running), num_returns=len(self.running), timeout=0)
-        out = []
-        for ref in ready:
-            idx, version = self.running.pop(ref)
-            try:
-                returns, stats = self.ray.get(ref)
-            except Exception as err:
-                what = "died" if _actor_died(self.ray, err) else "failed"
-                raise WorkerDied(f"evaluator actor {idx} (pid {self.where[idx].get('pid', '?')}) {what}: "
-                                 f"{type(err).__name__}: "
-                                 f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from err
-            out.append(EvalResult(version, returns, stats))
-        return out
-
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        for actor in self.actors:
-            self.ray.kill(actor)
-        self.actors, self.running = [], {}
-
-
 class RayAsyncTrainer(AsyncTrainer):
     """:class:`AsyncTrainer` with its collectors and evaluators as Ray actors (``async_pipeline.backend=ray``).
 
@@ -223,9 +164,10 @@ class RayAsyncTrainer(AsyncTrainer):
     actor's Ray resources (and its torch threads), ``max_collect_inflight``
     any number of collects at once from 1 to ``num_collector_actors``,
     ``address`` joins a cluster, ``shutdown_timeout_s`` bounds every wait on
-    an actor; ``restart_dead_actors=true`` replaces a collector actor that
-    died (its collect in flight is lost, the buffer is untouched) instead of
-    stopping the run. Collector actors are spread over the cluster's nodes.
+    an actor; ``restart_dead_actors=true`` replaces a collector or evaluator
+    actor that died (its collect or evaluation in flight is lost, the buffer
+    is untouched) instead of stopping the run. Collector actors are spread
+    over the cluster's nodes.
 
     Examples:
         >>> from torchrl_muzero.trainers import AsyncTrainer
@@ -267,12 +209,14 @@ class RayAsyncTrainer(AsyncTrainer):
         if ap.num_evaluator_actors > 0:
             self.evaluators = RayEvaluatorPool(ray, self._cfg_dict, self.observation_shape, self.num_actions,
                                                ap.num_evaluator_actors, ap.max_eval_inflight,
-                                               ap.evaluator_num_cpus, ap.evaluator_num_gpus)
+                                               ap.evaluator_num_cpus, ap.evaluator_num_gpus,
+                                               restart_dead=ap.restart_dead_actors,
+                                               start_timeout_s=ap.shutdown_timeout_s * 4, on_lost=self._eval_lost)
         # wait for the actors to exist (their start-up errors surface here, naming the actor)
         for slot in range(n):
             self.actor_where[slot] = self._get(self.actors[slot].where.remote(), slot, ap.shutdown_timeout_s * 4)
         if self.evaluators is not None:
-            self.evaluators.started(ap.shutdown_timeout_s * 4)
+            self.evaluators.started()
         self._fill()
 
     def _spawn(self, slot: int) -> None:
@@ -359,8 +303,8 @@ class RayAsyncTrainer(AsyncTrainer):
     def _collector_fault(self, slot: int, err: BaseException) -> None:
         where = self.actor_where[slot]
         name = f"collector actor {slot} (pid {where.get('pid', '?')}, host {where.get('host', '?')})"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        if not _actor_died(self.ray, err):
+        first = first_line(err)
+        if not actor_died(self.ray, err):
             raise WorkerDied(f"{name} failed: {type(err).__name__}: {first}") from err
         if not self.cfg.async_pipeline.restart_dead_actors:
             raise WorkerDied(f"{name} died: {type(err).__name__}: {first}") from err
@@ -379,7 +323,7 @@ class RayAsyncTrainer(AsyncTrainer):
         except self.ray.exceptions.GetTimeoutError:
             raise WorkerDied(f"collector actor {slot} did not start within {timeout_s:g} s") from None
         except Exception as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            first = first_line(err)
             raise WorkerDied(f"collector actor {slot} failed to start: {type(err).__name__}: {first}") from err
 
     def _poll(self, timeout_s: float) -> None:
@@ -460,6 +404,12 @@ class RayAsyncTrainer(AsyncTrainer):
                 raise WorkerDied(f"collector actor(s) {slots} did not finish a collect of weights version "
                                  f"< {latest} within {timeout:g} s")
 
+    def _eval_lost(self, version: int) -> None:
+        """A restarted evaluator's lost evaluation: drop the weights kept for its score; the version may go again."""
+        self._pending_eval.pop(version, None)
+        self._evaluated.discard(version)  # the final evaluation resubmits the last version if it was this one
+        self.eval_restarts = getattr(self, "eval_restarts", 0) + 1
+
     def _busy_actor_cpus(self) -> int:
         ap = self.cfg.async_pipeline
         evaluating = self.evaluators.inflight if self.evaluators is not None else 0
@@ -468,7 +418,9 @@ class RayAsyncTrainer(AsyncTrainer):
     def _counters(self) -> dict:
         counters = super()._counters()
         publish = getattr(self, "publish_s", [])
-        counters.update(actor_restarts=getattr(self, "restarts", 0),
+        # actor_restarts: collectors and evaluators together; evaluator_restarts: the evaluators' share
+        evaluators = getattr(self, "eval_restarts", 0)
+        counters.update(actor_restarts=getattr(self, "restarts", 0) + evaluators, evaluator_restarts=evaluators,
                         publish_ms_mean=1000 * sum(publish) / max(len(publish), 1))
         return counters
 
