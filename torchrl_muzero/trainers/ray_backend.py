@@ -26,6 +26,11 @@ does not run that version yet, Ray fetches it once per node, and the actor
 loads it *before* it starts collecting: the version is fixed within one
 collect and every frame carries it (``policy_version``).
 
+**collector=multi_sync** runs rounds: one collect on every actor with the
+same (newest) version, gathered and handed to the driver as one batch that
+extends the buffer at once, as torchrl's ``MultiSyncCollector`` does for the
+local backend; the next round starts when that batch is taken.
+
 **The lag bound** is the local backend's, kept by the driver: before each
 optimizer step (:meth:`RayAsyncTrainer._await_publish`) it waits until no
 collect of an older version than the newest published one is still running,
@@ -167,7 +172,9 @@ class RayAsyncTrainer(AsyncTrainer):
     an actor; ``restart_dead_actors=true`` replaces a collector or evaluator
     actor that died (its collect or evaluation in flight is lost, the buffer
     is untouched) instead of stopping the run. Collector actors are spread
-    over the cluster's nodes.
+    over the cluster's nodes. ``collector=multi_sync`` collects in rounds:
+    one collect on every actor, all of one version, handed to the driver as
+    one batch (the local backend's MultiSyncCollector semantics).
 
     Examples:
         >>> from torchrl_muzero.trainers import AsyncTrainer
@@ -273,20 +280,44 @@ class RayAsyncTrainer(AsyncTrainer):
         return self.env_steps + per * (len(self.running) + len(self._done))
 
     def _fill(self) -> None:
-        """Start collects on idle actors, at most max_collect_inflight at once, none past the budget."""
+        """Start collects on idle actors, at most max_collect_inflight at once, none past the budget.
+
+        ``collector=multi_sync``: rounds instead (:meth:`_fill_round`).
+        """
         ap = self.cfg.async_pipeline
+        if ap.collector == "multi_sync":
+            self._fill_round()
+            return
         limit = ap.max_collect_inflight or ap.num_collector_actors
         busy = {slot for slot, _, _ in self.running.values()} | {slot for _, slot, _, _ in self._done}
         for slot in range(ap.num_collector_actors):
             if len(self.running) >= limit or self._frames_coming() >= self.cfg.train.total_env_steps:
                 return
-            if slot in busy:
-                continue
-            version = self.versions.latest_version
-            weights = self._latest_ref if self.actor_version[slot] != version else None
-            ref = self.actors[slot].collect.remote(weights, version, self.control[1])
-            self.running[ref] = (slot, self.incarnation[slot], version)
-            self.actor_version[slot] = version
+            if slot not in busy:
+                self._launch(slot)
+
+    def _fill_round(self) -> None:
+        """multi_sync: one collect on every actor, all of one version, once the last round was handed in.
+
+        The whole round is the driver's one batch (:meth:`_next_batch`), as
+        torchrl's MultiSyncCollector hands in all its workers' frames at once;
+        the next round starts as soon as that batch is taken, so collection
+        still overlaps the learner's updates. The last round starts only the
+        actors the budget still needs, so no frame is collected past it.
+        """
+        if self.running or self._done:
+            return
+        per, left = self.cfg.train.frames_per_batch, self.cfg.train.total_env_steps - self.env_steps
+        for slot in range(min(self.cfg.async_pipeline.num_collector_actors, max(0, -(-left // per)))):
+            self._launch(slot)
+
+    def _launch(self, slot: int) -> None:
+        """One collect on ``slot``'s actor with the newest version (its weights sent only if new to it)."""
+        version = self.versions.latest_version
+        weights = self._latest_ref if self.actor_version[slot] != version else None
+        ref = self.actors[slot].collect.remote(weights, version, self.control[1])
+        self.running[ref] = (slot, self.incarnation[slot], version)
+        self.actor_version[slot] = version
 
     def _harvest(self, refs: list) -> None:
         """Move finished collects into ``_done`` (or handle their actor's death) and refill."""
@@ -338,13 +369,17 @@ class RayAsyncTrainer(AsyncTrainer):
 
     def _batch_ready(self) -> bool:
         self._poll(0)
-        return bool(self._done)
+        return self._handed_in()
+
+    def _handed_in(self) -> bool:
+        """A batch for the driver: one finished collect, or with multi_sync a whole finished round."""
+        return bool(self._done) and (self.cfg.async_pipeline.collector != "multi_sync" or not self.running)
 
     def _next_batch(self, iterator) -> TensorDictBase:
         ap = self.cfg.async_pipeline
         wait_s = max(ap.shutdown_timeout_s * 10, 60.0)
         deadline = time.monotonic() + wait_s
-        while not self._done:
+        while not self._handed_in():
             if not self.running:
                 self._fill()
                 if not self.running and not self._done:
@@ -353,9 +388,15 @@ class RayAsyncTrainer(AsyncTrainer):
             self._poll(0.5)
             if time.monotonic() > deadline:
                 raise WorkerDied(f"no collector actor handed in a batch within {wait_s:g} s")
-        batch, slot, incarnation, learner_iter = self._done.popleft()
+        if ap.collector == "multi_sync":  # the round's batches, in actor order, as one [actors * envs, T] batch
+            done = sorted(self._done, key=lambda d: d[1])
+            self._done.clear()
+            batch = torch.cat([self._tag(b, slot, learner_iter) for b, slot, _, learner_iter in done], 0)
+        else:
+            batch, slot, _, learner_iter = self._done.popleft()
+            batch = self._tag(batch, slot, learner_iter)
         self._fill()
-        return self._tag(batch, slot, learner_iter)
+        return batch
 
     def _tag(self, batch: TensorDictBase, slot: int, learner_iter: int) -> TensorDictBase:
         """The run's trajectory ids (each actor numbers its own from 0) and the harvest's learner_iter."""
