@@ -110,10 +110,13 @@ def test_ray_backend_tags_versions_and_bounds_the_lag(tmp_path):
     assert (tmp_path / "eval.csv").read_text().count("\n") >= 2, "no evaluation came back from the evaluator actor"
 
 
-@pytest.mark.parametrize("collector", ["multi_sync"])
+@pytest.mark.parametrize("collector", ["multi_async", "multi_sync"])
 def test_ray_default_lag_bound_and_multi_sync_rounds(tmp_path, collector):
     """The defaults (publish every update, max_policy_lag=0) on Ray, with both collectors.
 
+    Every collect starts on the learner's current weights, and the learner never makes an update while
+    a collect of older weights still runs, so each frame is at most the one update in flight behind
+    (the local backend's bound for max_policy_lag=0, test_trainers.py test_async_policy_lag_is_bounded).
     multi_sync: each batch the driver takes holds one collect of every actor (2 x 64 frames), one version.
     """
     cfg = _ray_config(tmp_path, **{"async_pipeline.collector": collector, "train.replay_ratio": 0.5})
