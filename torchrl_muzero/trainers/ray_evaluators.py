@@ -36,6 +36,13 @@ class RayEvaluatorPool:
     tells the driver so that it drops the weights it kept for that score.
     The replacement's start-up (its env and model) is waited for, bounded by
     ``start_timeout_s``, so its pid is known before it is handed work.
+
+    Examples:
+        >>> pool = RayEvaluatorPool(ray, cfg_dict, (4,), 2, num_evaluators=1, max_inflight=1,  # doctest: +SKIP
+        ...                         num_cpus=1, num_gpus=0, restart_dead=True, on_lost=print)
+        >>> pool.started(); pool.submit(0, model.state_dict())  # doctest: +SKIP
+        >>> [result.version for result in pool.poll()]  # once it finished  # doctest: +SKIP
+        [0]
     """
 
     def __init__(self, ray, cfg_dict: dict, observation_shape, num_actions: int, num_evaluators: int,
