@@ -63,6 +63,18 @@ class _Recorder(RayAsyncTrainer):
         super()._fill()
         self.most_inflight = max(getattr(self, "most_inflight", 0), len(self.running))
 
+    def _launch(self, slot):
+        # was the learner's current version what this collect was given? (train_iter of the version vs now)
+        on_current = self.versions.train_iter(self.versions.latest_version) == self.learner.train_iter
+        self.launched_on_current = getattr(self, "launched_on_current", []) + [on_current]
+        super()._launch(slot)
+
+    def _await_publish(self):
+        super()._await_publish()
+        # what the optimizer step may now do: every collect still running runs the newest published version
+        stale = [v for _, _, v in self.running.values() if v < self.versions.latest_version]
+        self.stale_at_step = getattr(self, "stale_at_step", 0) + len(stale)
+
 
 @pytest.mark.parametrize("name", algorithm_names())
 def test_every_algorithm_collects_in_a_collector_actor(tmp_path, name):
@@ -98,6 +110,35 @@ def test_ray_backend_tags_versions_and_bounds_the_lag(tmp_path):
     assert (tmp_path / "eval.csv").read_text().count("\n") >= 2, "no evaluation came back from the evaluator actor"
 
 
+@pytest.mark.parametrize("collector", ["multi_async", "multi_sync"])
+def test_ray_default_lag_bound_and_multi_sync_rounds(tmp_path, collector):
+    """The defaults (publish every update, max_policy_lag=0) on Ray, with both collectors.
+
+    Every collect starts on the learner's current weights, and the learner never makes an update while
+    a collect of older weights still runs, so each frame is at most the one update in flight behind
+    (the local backend's bound for max_policy_lag=0, test_trainers.py test_async_policy_lag_is_bounded).
+    multi_sync: each batch the driver takes holds one collect of every actor (2 x 64 frames), one version.
+    """
+    cfg = _ray_config(tmp_path, **{"async_pipeline.collector": collector, "train.replay_ratio": 0.5})
+    trainer = _Recorder(cfg)
+    sizes = []
+    take = trainer._take_batch
+    trainer._take_batch = lambda batch, budgets: (sizes.append(batch.numel()), take(batch, budgets))
+    summary = trainer.run()
+    assert summary["status"] == "ok", summary
+    assert set(sizes) == ({128} if collector == "multi_sync" else {64}), sizes
+    assert set(trainer.versions_per_batch) == {1}  # weights fixed within a collect, and within a round
+    assert trainer.most_inflight == 2
+    # every collect was given the learner's current weights, and no optimizer step ran while a collect of
+    # older weights was still running: a frame is at most the one update in flight behind (lag <= 1)
+    assert all(trainer.launched_on_current) and trainer.stale_at_step == 0
+    assert max(trainer.seen_lags) == 1 and summary["policy_lag_max"] == 1
+    # a version per update; every batch once training may start (128 env steps) buys its updates
+    first_trained = 128 if collector == "multi_sync" else 64
+    assert trainer.versions.latest_version == summary["train_iter"] == (512 - 128 + first_trained) * 0.5
+    assert len(trainer.buffer) == summary["env_steps"] == 512
+
+
 def test_dead_evaluator_actor_stops_the_run_within_10s(tmp_path):
     cfg = _ray_config(tmp_path, **{"train.total_env_steps": 10**6, "async_pipeline.num_evaluator_actors": 1,
                                    "eval.interval": 5})
@@ -111,6 +152,27 @@ def test_dead_evaluator_actor_stops_the_run_within_10s(tmp_path):
     assert killed, "the run never reached 10 updates"
     assert summary["status"] == "fault" and "evaluator actor 0 (pid" in summary["reason"], summary
     assert "died" in summary["reason"] and time.monotonic() - killed[0][0] < 10.0
+
+
+def test_dead_evaluator_actor_is_restarted_and_evaluations_go_on(tmp_path):
+    cfg = _ray_config(tmp_path, **{"train.total_env_steps": 512, "async_pipeline.num_evaluator_actors": 1,
+                                   "eval.interval": 5, "async_pipeline.restart_dead_actors": True})
+    trainer = RayAsyncTrainer(cfg)
+    where = []  # the evaluator's pid at each poll; the one killed is the last before the kill
+
+    def evaluator_pid():
+        up = trainer.evaluators is not None and trainer.evaluators.where[0]
+        return where.append(trainer.evaluators.where[0]["pid"]) or where[-1] if up else None
+
+    killed = kill_when_training(trainer, 10, evaluator_pid)
+    summary = trainer.run()
+    assert killed, "the run never reached 10 updates"
+    assert summary["status"] == "ok", summary
+    assert summary["evaluator_restarts"] == summary["actor_restarts"] == 1
+    rows = [line.split(",") for line in (tmp_path / "eval.csv").read_text().splitlines()[1:]]
+    # evaluations kept coming after the kill, from the replacement: periodic ones and the final one
+    assert len([r for r in rows if int(r[0]) > killed[0][1]]) >= 2, (killed, rows)
+    assert len(trainer.buffer) == summary["env_steps"] == 512
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["stops", "restarts"])

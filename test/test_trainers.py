@@ -362,8 +362,11 @@ def test_ray_knobs_fail_at_start_in_one_line(tmp_path, monkeypatch):
     load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.max_collect_inflight": 1}))  # any value up to 2
     with pytest.raises(ConfigError, match="'async_pipeline.ray_local_mode' is true, but Ray"):
         load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.ray_local_mode": True}))
-    with pytest.raises(ConfigError, match="'async_pipeline.collector' is 'multi_sync', which is for backend=local"):
-        load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.collector": "multi_sync"}))
+    load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.collector": "multi_sync"}))  # rounds on Ray
+    with pytest.raises(ConfigError, match=r"'async_pipeline.max_collect_inflight' must be 0 or num_collector_actors "
+                                          r"\(2\) with collector=multi_sync, got 1"):
+        load_config(tiny_config(tmp_path, **ray, **{"async_pipeline.collector": "multi_sync",
+                                                    "async_pipeline.max_collect_inflight": 1}))
     with pytest.raises(ConfigError, match=r"'async_pipeline.backend' must be one of \('local', 'ray'\)"):
         load_config(tiny_config(tmp_path, **{"async_pipeline.backend": "rey"}))
     find_spec = importlib.util.find_spec

@@ -222,7 +222,8 @@ class AsyncTrainer(TrainerBase):
     or ``MultiSyncCollector`` with ``collector=multi_sync``: one batch of every
     worker at once) or ``backend=ray``, for which ``AsyncTrainer(cfg)`` returns
     a :class:`~torchrl_muzero.trainers.ray_backend.RayAsyncTrainer` (the same
-    event loop; collectors and evaluators as Ray actors, docs/multi-node.md).
+    event loop; collectors and evaluators as Ray actors, docs/multi-node.md;
+    ``collector=multi_sync`` there: rounds of one collect per actor).
 
     Examples:
         >>> from torchrl_muzero.trainers import AsyncTrainer

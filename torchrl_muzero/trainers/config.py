@@ -195,8 +195,8 @@ class AsyncPipelineConfig:
     # where collectors / evaluators run: "local" processes (torchrl's multi-process collectors) or
     # "ray" actors (trainers/ray_backend.py; pip install torchrl_muzero[ray]), on one machine or a cluster
     backend: str = "local"
-    # local backend: "multi_async" hands the driver one worker's batch at a time, "multi_sync" one
-    # batch of all workers at once (torchrl MultiAsyncCollector / MultiSyncCollector)
+    # "multi_async" hands the driver one worker's batch at a time, "multi_sync" one batch of all workers
+    # at once (local: torchrl MultiAsyncCollector / MultiSyncCollector; ray: rounds of one collect per actor)
     collector: str = "multi_async"
     num_collector_actors: int = 1
     num_evaluator_actors: int = 1
@@ -225,7 +225,7 @@ class AsyncPipelineConfig:
     # Ray backend only
     address: str = ""  # "": start a Ray instance for this run; "HOST:PORT" / "auto": join a running cluster
     ray_local_mode: bool = False  # the seed's debugging mode; Ray >= 2.10 has removed it (rejected at start)
-    restart_dead_actors: bool = False  # a collector actor that died is replaced and the run goes on
+    restart_dead_actors: bool = False  # a collector or evaluator actor that died is replaced; the run goes on
 
 
 @dataclass

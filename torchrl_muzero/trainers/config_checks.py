@@ -286,11 +286,13 @@ def _check_rules(cfg) -> None:
             f"config key 'async_pipeline.max_collect_inflight' must be 0 (num_collector_actors) or in "
             f"[1, {ap.num_collector_actors}] (num_collector_actors), got {ap.max_collect_inflight}."
         )
-    if ap.backend == "ray" and ap.collector != "multi_async":
-        # Ray actors hand in their batches one by one; max_collect_inflight bounds how many collect at once
+    sync_round = ap.backend == "ray" and ap.collector == "multi_sync"
+    if sync_round and ap.max_collect_inflight not in (0, ap.num_collector_actors):
+        # a multi_sync round starts one collect on every actor at once, which a smaller bound would contradict
         raise ConfigError(
-            f"config key 'async_pipeline.collector' is {ap.collector!r}, which is for backend=local (torchrl's "
-            "MultiSyncCollector); with backend=ray use multi_async."
+            f"config key 'async_pipeline.max_collect_inflight' must be 0 or num_collector_actors "
+            f"({ap.num_collector_actors}) with collector=multi_sync, got {ap.max_collect_inflight}: each round "
+            "starts one collect on every collector actor; use collector=multi_async to bound the collects in flight."
         )
     if ap.ray_local_mode:
         raise ConfigError(

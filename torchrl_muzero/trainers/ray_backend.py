@@ -26,6 +26,11 @@ does not run that version yet, Ray fetches it once per node, and the actor
 loads it *before* it starts collecting: the version is fixed within one
 collect and every frame carries it (``policy_version``).
 
+**collector=multi_sync** runs rounds: one collect on every actor with the
+same (newest) version, gathered and handed to the driver as one batch that
+extends the buffer at once, as torchrl's ``MultiSyncCollector`` does for the
+local backend; the next round starts when that batch is taken.
+
 **The lag bound** is the local backend's, kept by the driver: before each
 optimizer step (:meth:`RayAsyncTrainer._await_publish`) it waits until no
 collect of an older version than the newest published one is still running,
@@ -55,9 +60,10 @@ from tensordict import TensorDictBase
 from torchrl_muzero.trainers.async_pipeline import AsyncTrainer, action_spec_of, publish_due
 from torchrl_muzero.trainers.builders import temperature_at
 from torchrl_muzero.trainers.config import ConfigError, config_to_dict
-from torchrl_muzero.trainers.evaluator import EvalResult, WorkerDied
+from torchrl_muzero.trainers.evaluator import WorkerDied
 from torchrl_muzero.trainers.ray_actors import CollectorActor, EvaluatorActor, WeightPacker, unpack_weights
 from torchrl_muzero.trainers.ray_env import LOOPBACK_ENV
+from torchrl_muzero.trainers.ray_evaluators import RayEvaluatorPool, actor_died, first_line
 
 # the actors' classes are re-exported: the backend's one import for users and tests
 __all__ = ["RayAsyncTrainer", "RaySession", "import_ray", "LOOPBACK_ENV"]
@@ -154,66 +160,6 @@ class RaySession:
                 self.temp_dir = None
 
 
-def _actor_died(ray, err: BaseException) -> bool:
-    return isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError))
-
-
-class RayEvaluatorPool:
-    """The :class:`~torchrl_muzero.trainers.evaluator.EvaluatorPool` interface over evaluator actors."""
-
-    def __init__(self, ray, cfg_dict: dict, observation_shape, num_actions: int, num_evaluators: int,
-                 max_inflight: int, num_cpus: float, num_gpus: float) -> None:
-        self.ray = ray
-        remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(EvaluatorActor)
-        self.actors = [remote.remote(cfg_dict, i, observation_shape, num_actions) for i in range(num_evaluators)]
-        self.running: dict = {}  # ObjectRef -> (evaluator index, version)
-        self.max_inflight = max(1, max_inflight)
-        self.where: list[dict] = [{} for _ in self.actors]
-
-    def started(self, timeout_s: float) -> None:
-        """Wait for the evaluators to exist: their pids (fault messages), and start-up errors naming them."""
-        for i, actor in enumerate(self.actors):
-            try:
-                self.where[i] = self.ray.get(actor.where.remote(), timeout=timeout_s)
-            except Exception as err:
-                raise WorkerDied(f"evaluator actor {i} failed to start: {type(err).__name__}: "
-                                 f"{(str(err).strip().splitlines() or [''])[0]}") from err
-
-    @property
-    def inflight(self) -> int:
-        return len(self.running)
-
-    def can_submit(self) -> bool:
-        return self.inflight < min(self.max_inflight, len(self.actors))
-
-    def submit(self, version: int, weights: dict) -> None:
-        busy = {i for i, _ in self.running.values()}
-        idx = next(i for i in range(len(self.actors)) if i not in busy)
-        self.running[self.actors[idx].evaluate.remote(weights)] = (idx, version)
-
-    def poll(self) -> list[EvalResult]:
-        if not self.running:
-            return []
-        ready, _ = self.ray.wait(list(self.running), num_returns=len(self.running), timeout=0)
-        out = []
-        for ref in ready:
-            idx, version = self.running.pop(ref)
-            try:
-                returns, stats = self.ray.get(ref)
-            except Exception as err:
-                what = "died" if _actor_died(self.ray, err) else "failed"
-                raise WorkerDied(f"evaluator actor {idx} (pid {self.where[idx].get('pid', '?')}) {what}: "
-                                 f"{type(err).__name__}: "
-                                 f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from err
-            out.append(EvalResult(version, returns, stats))
-        return out
-
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        for actor in self.actors:
-            self.ray.kill(actor)
-        self.actors, self.running = [], {}
-
-
 class RayAsyncTrainer(AsyncTrainer):
     """:class:`AsyncTrainer` with its collectors and evaluators as Ray actors (``async_pipeline.backend=ray``).
 
@@ -223,9 +169,12 @@ class RayAsyncTrainer(AsyncTrainer):
     actor's Ray resources (and its torch threads), ``max_collect_inflight``
     any number of collects at once from 1 to ``num_collector_actors``,
     ``address`` joins a cluster, ``shutdown_timeout_s`` bounds every wait on
-    an actor; ``restart_dead_actors=true`` replaces a collector actor that
-    died (its collect in flight is lost, the buffer is untouched) instead of
-    stopping the run. Collector actors are spread over the cluster's nodes.
+    an actor; ``restart_dead_actors=true`` replaces a collector or evaluator
+    actor that died (its collect or evaluation in flight is lost, the buffer
+    is untouched) instead of stopping the run. Collector actors are spread
+    over the cluster's nodes. ``collector=multi_sync`` collects in rounds:
+    one collect on every actor, all of one version, handed to the driver as
+    one batch (the local backend's MultiSyncCollector semantics).
 
     Examples:
         >>> from torchrl_muzero.trainers import AsyncTrainer
@@ -267,12 +216,14 @@ class RayAsyncTrainer(AsyncTrainer):
         if ap.num_evaluator_actors > 0:
             self.evaluators = RayEvaluatorPool(ray, self._cfg_dict, self.observation_shape, self.num_actions,
                                                ap.num_evaluator_actors, ap.max_eval_inflight,
-                                               ap.evaluator_num_cpus, ap.evaluator_num_gpus)
+                                               ap.evaluator_num_cpus, ap.evaluator_num_gpus,
+                                               restart_dead=ap.restart_dead_actors,
+                                               start_timeout_s=ap.shutdown_timeout_s * 4, on_lost=self._eval_lost)
         # wait for the actors to exist (their start-up errors surface here, naming the actor)
         for slot in range(n):
             self.actor_where[slot] = self._get(self.actors[slot].where.remote(), slot, ap.shutdown_timeout_s * 4)
         if self.evaluators is not None:
-            self.evaluators.started(ap.shutdown_timeout_s * 4)
+            self.evaluators.started()
         self._fill()
 
     def _spawn(self, slot: int) -> None:
@@ -329,20 +280,44 @@ class RayAsyncTrainer(AsyncTrainer):
         return self.env_steps + per * (len(self.running) + len(self._done))
 
     def _fill(self) -> None:
-        """Start collects on idle actors, at most max_collect_inflight at once, none past the budget."""
+        """Start collects on idle actors, at most max_collect_inflight at once, none past the budget.
+
+        ``collector=multi_sync``: rounds instead (:meth:`_fill_round`).
+        """
         ap = self.cfg.async_pipeline
+        if ap.collector == "multi_sync":
+            self._fill_round()
+            return
         limit = ap.max_collect_inflight or ap.num_collector_actors
         busy = {slot for slot, _, _ in self.running.values()} | {slot for _, slot, _, _ in self._done}
         for slot in range(ap.num_collector_actors):
             if len(self.running) >= limit or self._frames_coming() >= self.cfg.train.total_env_steps:
                 return
-            if slot in busy:
-                continue
-            version = self.versions.latest_version
-            weights = self._latest_ref if self.actor_version[slot] != version else None
-            ref = self.actors[slot].collect.remote(weights, version, self.control[1])
-            self.running[ref] = (slot, self.incarnation[slot], version)
-            self.actor_version[slot] = version
+            if slot not in busy:
+                self._launch(slot)
+
+    def _fill_round(self) -> None:
+        """multi_sync: one collect on every actor, all of one version, once the last round was handed in.
+
+        The whole round is the driver's one batch (:meth:`_next_batch`), as
+        torchrl's MultiSyncCollector hands in all its workers' frames at once;
+        the next round starts as soon as that batch is taken, so collection
+        still overlaps the learner's updates. The last round starts only the
+        actors the budget still needs, so no frame is collected past it.
+        """
+        if self.running or self._done:
+            return
+        per, left = self.cfg.train.frames_per_batch, self.cfg.train.total_env_steps - self.env_steps
+        for slot in range(min(self.cfg.async_pipeline.num_collector_actors, max(0, -(-left // per)))):
+            self._launch(slot)
+
+    def _launch(self, slot: int) -> None:
+        """One collect on ``slot``'s actor with the newest version (its weights sent only if new to it)."""
+        version = self.versions.latest_version
+        weights = self._latest_ref if self.actor_version[slot] != version else None
+        ref = self.actors[slot].collect.remote(weights, version, self.control[1])
+        self.running[ref] = (slot, self.incarnation[slot], version)
+        self.actor_version[slot] = version
 
     def _harvest(self, refs: list) -> None:
         """Move finished collects into ``_done`` (or handle their actor's death) and refill."""
@@ -359,8 +334,8 @@ class RayAsyncTrainer(AsyncTrainer):
     def _collector_fault(self, slot: int, err: BaseException) -> None:
         where = self.actor_where[slot]
         name = f"collector actor {slot} (pid {where.get('pid', '?')}, host {where.get('host', '?')})"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        if not _actor_died(self.ray, err):
+        first = first_line(err)
+        if not actor_died(self.ray, err):
             raise WorkerDied(f"{name} failed: {type(err).__name__}: {first}") from err
         if not self.cfg.async_pipeline.restart_dead_actors:
             raise WorkerDied(f"{name} died: {type(err).__name__}: {first}") from err
@@ -379,7 +354,7 @@ class RayAsyncTrainer(AsyncTrainer):
         except self.ray.exceptions.GetTimeoutError:
             raise WorkerDied(f"collector actor {slot} did not start within {timeout_s:g} s") from None
         except Exception as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            first = first_line(err)
             raise WorkerDied(f"collector actor {slot} failed to start: {type(err).__name__}: {first}") from err
 
     def _poll(self, timeout_s: float) -> None:
@@ -394,13 +369,17 @@ class RayAsyncTrainer(AsyncTrainer):
 
     def _batch_ready(self) -> bool:
         self._poll(0)
-        return bool(self._done)
+        return self._handed_in()
+
+    def _handed_in(self) -> bool:
+        """A batch for the driver: one finished collect, or with multi_sync a whole finished round."""
+        return bool(self._done) and (self.cfg.async_pipeline.collector != "multi_sync" or not self.running)
 
     def _next_batch(self, iterator) -> TensorDictBase:
         ap = self.cfg.async_pipeline
         wait_s = max(ap.shutdown_timeout_s * 10, 60.0)
         deadline = time.monotonic() + wait_s
-        while not self._done:
+        while not self._handed_in():
             if not self.running:
                 self._fill()
                 if not self.running and not self._done:
@@ -409,9 +388,15 @@ class RayAsyncTrainer(AsyncTrainer):
             self._poll(0.5)
             if time.monotonic() > deadline:
                 raise WorkerDied(f"no collector actor handed in a batch within {wait_s:g} s")
-        batch, slot, incarnation, learner_iter = self._done.popleft()
+        if ap.collector == "multi_sync":  # the round's batches, in actor order, as one [actors * envs, T] batch
+            done = sorted(self._done, key=lambda d: d[1])
+            self._done.clear()
+            batch = torch.cat([self._tag(b, slot, learner_iter) for b, slot, _, learner_iter in done], 0)
+        else:
+            batch, slot, _, learner_iter = self._done.popleft()
+            batch = self._tag(batch, slot, learner_iter)
         self._fill()
-        return self._tag(batch, slot, learner_iter)
+        return batch
 
     def _tag(self, batch: TensorDictBase, slot: int, learner_iter: int) -> TensorDictBase:
         """The run's trajectory ids (each actor numbers its own from 0) and the harvest's learner_iter."""
@@ -460,6 +445,12 @@ class RayAsyncTrainer(AsyncTrainer):
                 raise WorkerDied(f"collector actor(s) {slots} did not finish a collect of weights version "
                                  f"< {latest} within {timeout:g} s")
 
+    def _eval_lost(self, version: int) -> None:
+        """A restarted evaluator's lost evaluation: drop the weights kept for its score; the version may go again."""
+        self._pending_eval.pop(version, None)
+        self._evaluated.discard(version)  # the final evaluation resubmits the last version if it was this one
+        self.eval_restarts = getattr(self, "eval_restarts", 0) + 1
+
     def _busy_actor_cpus(self) -> int:
         ap = self.cfg.async_pipeline
         evaluating = self.evaluators.inflight if self.evaluators is not None else 0
@@ -468,7 +459,9 @@ class RayAsyncTrainer(AsyncTrainer):
     def _counters(self) -> dict:
         counters = super()._counters()
         publish = getattr(self, "publish_s", [])
-        counters.update(actor_restarts=getattr(self, "restarts", 0),
+        # actor_restarts: collectors and evaluators together; evaluator_restarts: the evaluators' share
+        evaluators = getattr(self, "eval_restarts", 0)
+        counters.update(actor_restarts=getattr(self, "restarts", 0) + evaluators, evaluator_restarts=evaluators,
                         publish_ms_mean=1000 * sum(publish) / max(len(publish), 1))
         return counters
 
