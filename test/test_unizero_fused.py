@@ -219,3 +219,47 @@ def test_fused_root_equals_the_torch_root(kv_cache, monkeypatch):
         _close(fused.state[key], ref.state[key], key)
     _close(fused.policy_logits, ref.policy_logits, "logits")
     _close(fused.value, ref.value, "value", atol=5e-4)
+
+
+def _write_from_another_process(model, other) -> None:
+    import multiprocessing as mp
+
+    def write():  # a bumped version counter in the child is the child's own
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), other.parameters()):
+                p.copy_(q)
+
+    child = mp.get_context("fork").Process(target=write)
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+
+
+@pytest.mark.parametrize("write", ["data", "numpy", "other_process"])
+def test_weights_written_without_a_version_bump_are_used_by_the_next_search(write):
+    """The kernel keeps its packed weights between searches; a reuse must follow the weights' values.
+
+    The writes here change no version counter in this process, as a publish into a collector's
+    shared-memory parameters does (the driver writes them from another process). A key on the
+    version counter kept the collectors of ``muzero_async.py algo=unizero`` acting on their first
+    weights for the whole run (their returns stayed at random play's while the evaluator improved).
+    """
+    model, other = _model(seed=0), _model(seed=1)
+    if write == "other_process":  # as a collector's parameters: shared memory the driver publishes into
+        model.share_memory()
+    root = _root(model, 4)
+    before = _search(model, root, "cpp", add_noise=False)
+    versions = [p._version for p in model.parameters()]
+    if write == "other_process":
+        _write_from_another_process(model, other)
+    for p, q in zip(model.parameters(), other.parameters()):
+        if write == "numpy":
+            p.detach().numpy()[...] = q.detach().numpy()
+        elif write == "data":  # ``.data`` aliases the storage with a version counter of its own
+            p.data.copy_(q.data)
+        assert torch.equal(p, q)
+    assert [p._version for p in model.parameters()] == versions  # no bump: the case under test
+    root = _root(model, 4)
+    after, ref = _search(model, root, "cpp", add_noise=False), _search(model, root, "torch", add_noise=False)
+    assert not torch.equal(after.root_value, before.root_value)
+    _close(after.root_value, ref.root_value, "root value after the write", atol=1e-3, rtol=1e-4)

@@ -3,6 +3,8 @@
 // four heads and the decode, on the vector kernels of mlp_kernels.h.
 #include "unizero_net.h"
 
+#include <cstring>
+
 #include "mlp_kernels.h"
 
 #ifdef MZ_HAVE_MLP_SEARCH
@@ -388,18 +390,34 @@ const UzNet& pack_unizero(const std::vector<at::Tensor>& weights,
     TORCH_CHECK(weights[i].defined() && weights[i].device().is_cpu() &&
                     weights[i].scalar_type() == at::kFloat && weights[i].is_contiguous(),
                 "unizero_search: weight ", i, " must be a contiguous float32 CPU tensor");
-  // Packing ~130k floats costs more than a small search: keep the packed
-  // copy while the same tensors, unmodified (version counter), come back.
-  std::vector<std::pair<const void*, uint32_t>> key;
-  bool cacheable = true;
-  for (const at::Tensor& w : weights) {
-    if (w.is_inference()) cacheable = false;
-    key.emplace_back(w.data_ptr(), cacheable ? w._version() : 0u);
+  // Packing ~130k floats costs more than a small search: keep the packed copy
+  // while the same tensors come back holding the same values. Why values and
+  // not the version counter: weights published into a collector's shared-memory
+  // parameters by another process, or written through `.data` or a numpy view,
+  // change no version counter here; a version key kept such collectors acting
+  // on their first weights for a whole run. Comparing ~0.5 MB costs ~30 us.
+  std::vector<std::pair<const void*, int64_t>> key;
+  key.reserve(weights.size() + ints.size() + floats.size());
+  for (const at::Tensor& w : weights) key.emplace_back(w.data_ptr(), w.numel());
+  for (int64_t v : ints) key.emplace_back(nullptr, v);
+  for (double v : floats) key.emplace_back(nullptr, static_cast<int64_t>(std::hash<double>{}(v)));
+  if (key == net.key) {
+    bool same = true;
+    size_t at = 0;
+    for (const at::Tensor& w : weights) {
+      const size_t n = static_cast<size_t>(w.numel());
+      if (n && std::memcmp(net.source.data() + at, w.data_ptr<float>(), n * sizeof(float)) != 0) {
+        same = false;
+        break;
+      }
+      at += n;
+    }
+    if (same) return net;
   }
-  for (int64_t v : ints) key.emplace_back(nullptr, static_cast<uint32_t>(v));
-  for (double v : floats) key.emplace_back(nullptr, static_cast<uint32_t>(std::hash<double>{}(v)));
-  if (cacheable && key == net.key) return net;
   net.key.clear();
+  net.source.clear();
+  for (const at::Tensor& w : weights)
+    net.source.insert(net.source.end(), w.data_ptr<float>(), w.data_ptr<float>() + w.numel());
 
   const at::Tensor& emb = weights[0];
   TORCH_CHECK(emb.dim() == 2, "unizero_search: action_embedding must be 2-d");
@@ -486,7 +504,7 @@ const UzNet& pack_unizero(const std::vector<at::Tensor>& weights,
   TORCH_CHECK(static_cast<int64_t>(net.reward_bins.size()) == net.R &&
                   static_cast<int64_t>(net.value_bins.size()) == net.V,
               "unizero_search: support bins do not match the heads");
-  if (cacheable) net.key = std::move(key);
+  net.key = std::move(key);
   return net;
 }
 

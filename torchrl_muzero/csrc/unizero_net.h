@@ -69,7 +69,10 @@ struct UzNet {
   // hidden units at the action token, [policy | value] at the latent token.
   Dense act_trunk, latent_out, reward_out, lat_trunk, policy_out, value_out;
   InverseH reward_h{1e-3}, value_h{1e-3};
-  std::vector<std::pair<const void*, uint32_t>> key;  // packed from these tensors
+  // Packed from tensors at these addresses and sizes, with these ints and floats, ...
+  std::vector<std::pair<const void*, int64_t>> key;
+  // ... holding these values (all weights, concatenated): a reuse compares contents.
+  std::vector<float> source;
   int64_t slot_floats() const { return L * 2 * E; }  // one slot of a K/V buffer
 };
 

@@ -76,8 +76,8 @@ def fused_unizero_weights(model) -> tuple[list[torch.Tensor], list[int], list[fl
     if not isinstance(model, UniZeroModel):
         return None
     # Valid while the same parameter and buffer storages back the model (in-place updates keep
-    # them; .to(), .double(), a replaced module or a new parameter do not); the kernel repacks on
-    # its own when a tensor's version changes.
+    # them; .to(), .double(), a replaced module or a new parameter do not): the tensors returned are
+    # views of the live storages, and the kernel repacks on its own when their values change.
     key = _key(model)
     hit = _CACHE.get(model)
     if hit is not None and hit[0] == key:
