@@ -8,6 +8,13 @@ from torchrl_muzero.trainers.ray_env import LOOPBACK_ENV  # noqa: E402 (a module
 for _k, _v in LOOPBACK_ENV.items():
     os.environ.setdefault(_k, _v)
 
+# One torch (OpenMP) thread in every process the tests start, as in this one (set_num_threads below):
+# the scripts run in subprocesses, and with torch's default (one thread per core) a few of them at
+# once on 2 busy cores spin in OpenMP barriers on these tiny models: three tiny muzero_sync.py runs
+# side by side took 355 s each instead of 16 s with one thread each (test_algorithms' both-scripts
+# tests then hit their 300 s timeout). No test checks a subprocess's thread count.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
