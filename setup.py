@@ -75,7 +75,8 @@ setup(
         "atari": ["ale-py>=0.10"],
         "ray": ["ray>=2.40"],
         # ray: the Ray backend's tests (test/test_ray_backend.py, ~3.5 min on 2 cores) run in CI too
-        "dev": ["pytest", "pytest-benchmark", "pytest-timeout", "ale-py>=0.10", "ray>=2.40"],
+        # pytest-xdist: test/conftest.py runs the suite in two worker processes when it is installed
+        "dev": ["pytest", "pytest-benchmark", "pytest-timeout", "pytest-xdist>=3.5", "ale-py>=0.10", "ray>=2.40"],
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,

@@ -8,6 +8,121 @@ from torchrl_muzero.trainers.ray_env import LOOPBACK_ENV  # noqa: E402 (a module
 for _k, _v in LOOPBACK_ENV.items():
     os.environ.setdefault(_k, _v)
 
+# One torch (OpenMP) thread in every process the tests start, as in this one (set_num_threads below):
+# the scripts run in subprocesses, and with torch's default (one thread per core) a few of them at
+# once on 2 busy cores spin in OpenMP barriers on these tiny models: three tiny muzero_sync.py runs
+# side by side took 355 s each instead of 16 s with one thread each (test_algorithms' both-scripts
+# tests then hit their 300 s timeout). No test checks a subprocess's thread count.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# -- two test processes (pytest-xdist) -----------------------------------------------------------
+# Most of the suite's time is spent starting processes (each imports torch and torchrl for seconds)
+# and waiting on them: one pytest process keeps about one of two cores busy. So the tests run in two
+# pytest-xdist workers unless the command line chose otherwise (-n N, --dist, -p no:xdist, --pdb, -s).
+# Set here, not in pytest.ini's addopts, so that it applies to test/ only: pytest-benchmark switches
+# itself off under xdist, and `python -m pytest benchmarks --benchmark-only` reads the same pytest.ini.
+WORKERS = 2
+
+# Tests that must not run at the same time as each other: each group runs in one worker, one test
+# after the other (every other test is handed out on its own). Bigger groups are handed out first,
+# so a group does not become the run's tail.
+#  - the Ray modules: one Ray session per module, and they count Ray processes and temp folders;
+#  - the learning tests bounded by wall time (train.max_wall_time_s): one after the other, never
+#    next to a Ray session;
+#  - test_bad_inputs.py: its module-scoped fixture runs every case once (split over two workers,
+#    both would run all of them).
+# (xdist's own --dist loadgroup does not group under pytest 9: it renames Item._nodeid, which
+# pytest 9 no longer reads.)
+ONE_AT_A_TIME = "one_at_a_time"
+GROUPS = {
+    "test_ray_backend.py": ONE_AT_A_TIME,
+    "test_ray_cluster.py": ONE_AT_A_TIME,
+    "test_learning.py": ONE_AT_A_TIME,
+    "test_tictactoe.py::test_self_play_learns_to_beat_the_random_player": ONE_AT_A_TIME,
+    "test_bad_inputs.py": "bad_inputs",
+}
+
+# Tests whose pass mark depends on a fixed number of seconds of CPU run alone: the other worker waits
+# before its next test (it finishes the one it runs), so they see the machine as a one-process run did.
+# Tic-tac-toe trains for exactly 75 s and must then win clearly more games; every bad command line must
+# be rejected within 20 s (the module's cases all run in the first test's setup); a killed worker must
+# stop the run within 10 s. The CartPole learning
+# tests (test_learning.py) only stop at 150 s and stop early once past the bar (63 s at most on a
+# quiet machine): they run one after the other in their group, next to the other worker's tests.
+ALONE = {
+    "test_tictactoe.py::test_self_play_learns_to_beat_the_random_player",
+    "test_bad_inputs.py::test_bad_input_fails_in_one_line",
+    # a killed worker or actor must stop the run within 10 s (10.1 s and 10.8 s seen next to another test)
+    "test_algorithms.py::test_async_dead_collector_stops_the_run",
+    "test_trainers.py::test_dead_worker_stops_the_run_within_10s",
+    "test_ray_backend.py::test_dead_evaluator_actor_stops_the_run_within_10s",
+    "test_ray_backend.py::test_dead_collector_actor_stops_the_run_or_is_restarted",
+}
+
+
+def _lookup(table, nodeid: str):
+    path, _, name = nodeid.partition("::")
+    module = path.rsplit("/", 1)[-1]
+    key = f"{module}::{name.split('[', 1)[0]}"
+    if isinstance(table, dict):
+        return table.get(key) or table.get(module)
+    return key in table or module in table
+
+
+def group_of(nodeid: str) -> str | None:
+    """The group of a test (``GROUPS``), from its node id, or None."""
+    return _lookup(GROUPS, nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return  # no pytest-xdist, or this is already one of its workers
+    opt = config.option
+    if (opt.numprocesses is None and opt.dist == "no" and not getattr(opt, "tx", None) and not opt.usepdb
+            and opt.capture != "no" and not opt.collectonly):
+        opt.numprocesses = WORKERS
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":
+        return None  # the command line chose a --dist mode: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """xdist's load scheduling, with the tests of each group in ``GROUPS`` as one unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            group = group_of(nodeid)
+            return nodeid if group is None else f"group:{group}"
+
+    return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In an xdist worker: a test of ``ALONE`` holds the run's lock exclusively, any other test shares it."""
+    if not hasattr(item.config, "workerinput") or not item.config.option.basetemp:
+        yield
+        return
+    import fcntl
+
+    # the workers' temporary folders are <the run's folder>/popen-gwN; pytest removes old runs' folders
+    base = os.path.join(os.path.dirname(os.path.abspath(item.config.option.basetemp)), "torchrl_muzero_alone")
+    # the gate keeps a waiting exclusive test from being overtaken by the other worker's next tests
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if _lookup(ALONE, item.nodeid) else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

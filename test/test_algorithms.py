@@ -146,7 +146,7 @@ def test_both_scripts_run_the_algorithm_and_stop_cleanly(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-def test_async_resume_then_nan_then_dead_collector(tmp_path, name, monkeypatch):
+def test_async_resume_then_nan(tmp_path, name, monkeypatch):
     first = AsyncTrainer(tiny_config(tmp_path, **{"algo.name": name, "async_pipeline.num_evaluator_actors": 0}))
     summary = first.run()
     assert summary["status"] == "ok", summary
@@ -173,7 +173,10 @@ def test_async_resume_then_nan_then_dead_collector(tmp_path, name, monkeypatch):
     assert all(torch.isfinite(v).all() for v in state["model"].values())
     assert not _wait_no_descendants()
 
-    # a collector killed mid-run stops the run within seconds, naming it
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_async_dead_collector_stops_the_run(tmp_path, name):
+    """A collector killed mid-run stops the run within seconds, naming it (alone under xdist: conftest.py)."""
     trainer = AsyncTrainer(tiny_config(tmp_path / "dead", **{"algo.name": name, "train.total_env_steps": 10**6,
                                                                "async_pipeline.num_evaluator_actors": 0}))
     killed = kill_when_training(trainer, 5, lambda: trainer.collector.procs[0].pid)
