@@ -115,3 +115,14 @@ def kill_when_training(trainer, min_train_iter: int, pid: Callable[[], int | Non
 
     threading.Thread(target=killer, daemon=True).start()
     return killed
+
+
+def record_batch_sizes(trainer) -> list[int]:
+    """Wrap ``trainer._take_batch`` so that the frame count of every batch the driver takes is recorded.
+
+    The collector-mode tests (multi_sync vs multi_async, local and Ray) read from it how many workers'
+    frames one batch holds. Returns the list the counts are appended to."""
+    sizes: list[int] = []
+    take = trainer._take_batch
+    trainer._take_batch = lambda batch, budgets: (sizes.append(batch.numel()), take(batch, budgets))
+    return sizes

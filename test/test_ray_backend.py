@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("ray", reason="ray is not installed (pip install torchrl_muzero[ray]): the Ray backend's tests skip")
 
-from pipeline_utils import kill_when_training, processes_with_marker, tiny_config  # noqa: E402
+from pipeline_utils import kill_when_training, processes_with_marker, record_batch_sizes, tiny_config  # noqa: E402
 
 from torchrl_muzero.trainers import AsyncTrainer  # noqa: E402
 from torchrl_muzero.trainers.checkpoint import load_checkpoint  # noqa: E402
@@ -121,9 +121,7 @@ def test_ray_default_lag_bound_and_multi_sync_rounds(tmp_path, collector):
     """
     cfg = _ray_config(tmp_path, **{"async_pipeline.collector": collector, "train.replay_ratio": 0.5})
     trainer = _Recorder(cfg)
-    sizes = []
-    take = trainer._take_batch
-    trainer._take_batch = lambda batch, budgets: (sizes.append(batch.numel()), take(batch, budgets))
+    sizes = record_batch_sizes(trainer)
     summary = trainer.run()
     assert summary["status"] == "ok", summary
     assert set(sizes) == ({128} if collector == "multi_sync" else {64}), sizes

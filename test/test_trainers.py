@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline_utils import kill_when_training, live_descendants, processes_with_marker, tiny_config
+from pipeline_utils import (
+    kill_when_training, live_descendants, processes_with_marker, record_batch_sizes, tiny_config,
+)
 from torchrl_muzero.trainers import AsyncTrainer, ConfigError, SyncTrainer, load_config
 from torchrl_muzero.trainers.async_pipeline import publish_due
 from torchrl_muzero.trainers.checkpoint import CheckpointError, load_checkpoint
@@ -168,9 +170,7 @@ def test_multi_sync_collector_hands_in_all_workers_at_once_with_the_lag_bound(tm
     cfg = tiny_config(tmp_path, **{"async_pipeline.collector": "multi_sync", "async_pipeline.num_collector_actors": 2,
                                    "async_pipeline.num_evaluator_actors": 0, "train.replay_ratio": 0.5})
     trainer = _LagRecorder(cfg)
-    sizes = []
-    take = trainer._take_batch
-    trainer._take_batch = lambda batch, budgets: (sizes.append(batch.numel()), take(batch, budgets))
+    sizes = record_batch_sizes(trainer)
     summary = trainer.run()
     assert summary["status"] == "ok", summary
     assert sizes and set(sizes) == {2 * 64}, sizes  # both workers' frames_per_batch in each batch
