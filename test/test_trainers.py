@@ -16,7 +16,7 @@ from pipeline_utils import (
 )
 from torchrl_muzero.trainers import AsyncTrainer, ConfigError, SyncTrainer, load_config
 from torchrl_muzero.trainers.async_pipeline import publish_due
-from torchrl_muzero.trainers.checkpoint import CheckpointError, load_checkpoint
+from torchrl_muzero.trainers.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
