@@ -202,7 +202,8 @@ class RayAsyncTrainer(AsyncTrainer):
         self.actor_where: list[dict] = [{}] * n
         self.incarnation = [0] * n
         self.actor_version = [-1] * n  # the version each actor runs (-1: none loaded yet)
-        self.restarts = 0
+        self.restarts = 0  # collector actors replaced
+        self.eval_restarts = 0  # evaluator actors replaced (counted by _eval_lost)
         for slot in range(n):
             self._spawn(slot)
         self.running: dict = {}  # ObjectRef -> (slot, incarnation, version) of each collect in flight
@@ -449,7 +450,7 @@ class RayAsyncTrainer(AsyncTrainer):
         """A restarted evaluator's lost evaluation: drop the weights kept for its score; the version may go again."""
         self._pending_eval.pop(version, None)
         self._evaluated.discard(version)  # the final evaluation resubmits the last version if it was this one
-        self.eval_restarts = getattr(self, "eval_restarts", 0) + 1
+        self.eval_restarts += 1
 
     def _busy_actor_cpus(self) -> int:
         ap = self.cfg.async_pipeline

@@ -33,7 +33,8 @@ class RayEvaluatorPool:
     ``restart_dead=True``: an evaluator actor that died is replaced by a new
     one on the same index (same seed: evaluations stay comparable across the
     restart); the evaluation it was running is lost, and ``on_lost(version)``
-    tells the driver so that it drops the weights it kept for that score.
+    tells the driver so that it drops the weights it kept for that score (and
+    counts the restart).
     The replacement's start-up (its env and model) is waited for, bounded by
     ``start_timeout_s``, so its pid is known before it is handed work.
 
@@ -51,13 +52,16 @@ class RayEvaluatorPool:
         self.ray = ray
         self._remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(EvaluatorActor)
         self._args = (cfg_dict, observation_shape, num_actions)
-        self.actors = [self._remote.remote(cfg_dict, i, observation_shape, num_actions)
-                       for i in range(num_evaluators)]
+        self.actors = [self._spawn(i) for i in range(num_evaluators)]
         self.running: dict = {}  # ObjectRef -> (evaluator index, version)
         self.max_inflight = max(1, max_inflight)
         self.where: list[dict] = [{} for _ in self.actors]
         self.restart_dead, self.start_timeout_s, self.on_lost = restart_dead, start_timeout_s, on_lost
-        self.restarts = 0
+
+    def _spawn(self, i: int):
+        """A new evaluator actor for index ``i`` (its seed follows the index)."""
+        cfg_dict, observation_shape, num_actions = self._args
+        return self._remote.remote(cfg_dict, i, observation_shape, num_actions)
 
     def started(self, timeout_s: float | None = None) -> None:
         """Wait for the evaluators to exist: their pids (fault messages), and start-up errors naming them."""
@@ -105,8 +109,7 @@ class RayEvaluatorPool:
             raise WorkerDied(f"{name} {'died' if died else 'failed'}: {type(err).__name__}: "
                              f"{first_line(err)}") from err
         print(f"torchrl_muzero: {name} died ({type(err).__name__}); restarting it")
-        self.actors[idx] = self._remote.remote(self._args[0], idx, *self._args[1:])
-        self.restarts += 1
+        self.actors[idx] = self._spawn(idx)
         self.where[idx] = {}
         if self.on_lost is not None:
             self.on_lost(version)
