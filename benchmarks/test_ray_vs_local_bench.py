@@ -134,16 +134,22 @@ def report(runs: list | None = None) -> list[str]:
     return lines
 
 
+def start_ray() -> RaySession:
+    """The Ray instance both entries use, its ``ray.init`` time kept in ``RAY_INIT_S``."""
+    session = RaySession(num_cpus=4)
+    t0 = time.monotonic()
+    session.start()
+    RAY_INIT_S.append(time.monotonic() - t0)
+    return session
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     """The module's Ray instance (its ``ray.init`` timed); at the end, the report (printed with ``-s``).
 
     The report is printed here rather than by a test: ``--benchmark-only`` skips tests without a benchmark.
     """
-    session = RaySession(num_cpus=4)
-    t0 = time.monotonic()
-    session.start()
-    RAY_INIT_S.append(time.monotonic() - t0)
+    session = start_ray()
     yield session
     session.stop()
     print(f"\nray.init: {RAY_INIT_S[0]:.1f} s; load average at the end {os.getloadavg()}")
@@ -184,10 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         if set(given) - set(allowed):
             parser.error(f"{flag}: {sorted(set(given) - set(allowed))} unknown; allowed: {list(allowed)}")
     runs = [(c, v, r, b) for c in cases for v in variants for r in range(args.rounds) for b in BACKENDS]
-    session = RaySession(num_cpus=4)
-    t0 = time.monotonic()
-    session.start()
-    RAY_INIT_S.append(time.monotonic() - t0)
+    session = start_ray()
     try:
         with tempfile.TemporaryDirectory(prefix="ray_vs_local_") as tmp:
             for run in runs:
