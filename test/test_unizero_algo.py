@@ -32,6 +32,15 @@ def test_max_blocks_must_hold_a_training_sample(tmp_path):
         build_model(_cfg(tmp_path, **{"algo.max_blocks": 3, "algo.context_length": 1}), (4,), 2)
 
 
+def test_zero_init_heads_comes_from_algo(tmp_path):
+    heads = lambda m: (m.value_head[-1].weight, m.reward_head[-1].weight, m.policy_head[-1].weight)  # noqa: E731
+    assert all(torch.count_nonzero(w) == 0 for w in heads(build_model(_cfg(tmp_path), (4,), 2)))
+    model = build_model(_cfg(tmp_path, **{"algo.zero_init_heads": False}), (4,), 2)
+    assert all(torch.count_nonzero(w) > 0 for w in heads(model))
+    with pytest.raises(ConfigError, match="algo.zero_init_heads"):
+        _cfg(tmp_path, **{"algo.zero_init_heads": "often"})
+
+
 def test_context_length_zero_acts_from_the_current_observation(tmp_path):
     cfg = _cfg(tmp_path, **{"algo.context_length": 0})
     assert get_algorithm("unizero").acting_memory(cfg) is None

@@ -31,9 +31,9 @@ from torchrl_muzero.algorithms.registry import Algorithm, register
 __all__ = ["UNIZERO"]
 
 _KEYS = ("embed_dim", "num_layers", "num_heads", "context_length", "max_blocks", "position", "latent_norm",
-         "policy_entropy_weight", "target_update_theta", "latent_loss_weight", "reward_loss_weight",
-         "policy_loss_weight", "value_loss_weight", "policy_ls_eps_start", "policy_ls_eps_end",
-         "policy_ls_eps_decay_steps")
+         "zero_init_heads", "policy_entropy_weight", "target_update_theta", "latent_loss_weight",
+         "reward_loss_weight", "policy_loss_weight", "value_loss_weight", "policy_ls_eps_start",
+         "policy_ls_eps_end", "policy_ls_eps_decay_steps")
 
 
 def _check(cfg) -> None:
@@ -69,7 +69,7 @@ def _model(cfg, observation_shape, num_actions: int):
         observation_shape, num_actions, embed_dim=a.embed_dim, num_layers=a.num_layers, num_heads=a.num_heads,
         context_length=a.context_length, max_blocks=a.max_blocks, position=a.position, latent_norm=a.latent_norm,
         value_support_size=m.value_support_size, reward_support_size=m.reward_support_size, encoder=encoder,
-        encoder_hidden_dim=m.hidden_dim,
+        encoder_hidden_dim=m.hidden_dim, zero_init_heads=a.zero_init_heads,
     )
 
 
