@@ -34,9 +34,9 @@ def test_max_blocks_must_hold_a_training_sample(tmp_path):
 
 def test_zero_init_heads_comes_from_algo(tmp_path):
     heads = lambda m: (m.value_head[-1].weight, m.reward_head[-1].weight, m.policy_head[-1].weight)  # noqa: E731
-    assert all(torch.count_nonzero(w) == 0 for w in heads(build_model(_cfg(tmp_path), (4,), 2)))
-    model = build_model(_cfg(tmp_path, **{"algo.zero_init_heads": False}), (4,), 2)
-    assert all(torch.count_nonzero(w) > 0 for w in heads(model))
+    assert all(torch.count_nonzero(w) > 0 for w in heads(build_model(_cfg(tmp_path), (4,), 2)))  # GPT init
+    model = build_model(_cfg(tmp_path, **{"algo.zero_init_heads": True}), (4,), 2)
+    assert all(torch.count_nonzero(w) == 0 for w in heads(model))
     with pytest.raises(ConfigError, match="algo.zero_init_heads"):
         _cfg(tmp_path, **{"algo.zero_init_heads": "often"})
 

@@ -131,14 +131,15 @@ class UniZeroModel(nn.Module):
         on_overflow: ``"rebuild"`` or ``"error"`` (module docstring).
         mlp_ratio: the blocks' MLP width over ``embed_dim``.
         zero_init_heads: start the value, reward and policy heads' last
-            layer at zero (LightZero's ``_initialize_last_layer`` does this for
-            value and reward; our MuZero models do it for all three). Why: the
-            search min-max normalises Q, so the +-0.02 values a GPT-initialised
-            head gives become a full-range Q gap that pins every root of an
-            untrained model to one action (CartPole: ~13 of 16 visits, 99.7 %
-            of actions at temperature 0.25, docs/variants.md). ``False`` keeps
-            random heads (kernel-parity tests use it to compare non-zero
-            outputs).
+            layer at zero (``False``, the default: GPT-initialised like the
+            rest of the world model). Zeroed heads give an untrained model
+            equal Q for every action (with GPT-initialised heads the search's
+            min-max normalisation turns their +-0.02 into a full-range Q gap:
+            ~13 of 16 root visits on one action), but they learned CartPole
+            2-4x slower in the async and sync pipelines, and zeroing only
+            value and reward (LightZero's ``_initialize_last_layer``) did not
+            solve it by 20k env steps (docs/variants.md, "CartPole-v1 per
+            algorithm").
 
     Training: :meth:`forward` ``(latents [B, T, E], actions [B, T])`` and
     :meth:`unroll` ``(observations [B, T, ...], actions [B, T])`` give a
@@ -200,7 +201,7 @@ class UniZeroModel(nn.Module):
         kv_cache: bool = True,
         on_overflow: str = "rebuild",
         mlp_ratio: int = 4,
-        zero_init_heads: bool = True,
+        zero_init_heads: bool = False,
     ) -> None:
         super().__init__()
         if int(num_actions) < 1:
@@ -230,7 +231,7 @@ class UniZeroModel(nn.Module):
         self.policy_head = _head(embed_dim, self.num_actions)
         self.value_head = _head(embed_dim, self.value_support.num_bins)
         self.apply(self._init_weights)  # GPT initialisation for the world model, before the encoder exists
-        if zero_init_heads:  # an untrained model values every action alike (docstring: why)
+        if zero_init_heads:  # an untrained model values every action alike (docstring: why it is off)
             for head in (self.value_head, self.reward_head, self.policy_head):
                 nn.init.zeros_(head[-1].weight)
                 nn.init.zeros_(head[-1].bias)
