@@ -304,3 +304,15 @@ def test_config_key_reaches_every_search_config(algo):
     cfg = load_config({"algo": {"name": algo}, "mcts": {"kernel_precision": "fma"}})
     assert mcts_config(cfg).kernel_precision == "fma"
     assert mcts_config(load_config({"algo": {"name": algo}})).kernel_precision == "exact"
+
+
+def test_hydra_override_picks_the_fma_path():
+    from pathlib import Path
+
+    from torchrl_muzero.trainers.hydra_entry import compose_config
+
+    config_dir = Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config"
+    assert compose_config(config_dir, ["mcts.kernel_precision=fma"]).mcts.kernel_precision == "fma"
+    assert compose_config(config_dir, []).mcts.kernel_precision == "exact"
+    with pytest.raises(ConfigError, match="mcts.kernel_precision"):
+        compose_config(config_dir, ["mcts.kernel_precision=fast"])
