@@ -16,7 +16,7 @@
 // instantiated only inside target("avx2,fma") entry points. Its results are
 // still independent of the batch size (every row runs the same fused ops in
 // the same k order) but not bit-identical to the exact path's: within a few
-// ulps per layer (test_fused_search.py measures it).
+// ulps per layer (test/test_fma_kernels.py measures it).
 #pragma once
 
 #include "mlp_net.h"
