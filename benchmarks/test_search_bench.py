@@ -9,9 +9,14 @@ in the network is network / search.
 Backends: ``torch`` (tree in tensor ops), ``cpp-loop`` (C++ tree kernel, the
 model called from Python once per simulation) and ``cpp`` (what
 ``backend="cpp"`` does for this model: the fused C++ search, network
-included). The fused search's network share is ``test_network_only_fused``
-(the same 50 network steps in the kernel's own loops, plus the root's
-initial inference, without a tree) over ``test_search[cpp-B]``.
+included); ``cpp-fma`` is ``cpp`` with ``kernel_precision="fma"`` (the opt-in
+FMA network path, where the CPU has AVX2 + FMA). The fused search's network
+share is ``test_network_only_fused`` (the same 50 network steps in the
+kernel's own loops, plus the root's initial inference, without a tree) over
+``test_search[cpp-B]``; its ``exact`` / ``fma`` cases compare the two
+network paths. For an FMA / exact ratio on a loaded machine run the cases
+of one B together (``-k "cpp-64 or cpp-fma-64"``: pytest-benchmark runs them
+back to back, so both see the same load).
 
 Run: python -m pytest benchmarks/test_search_bench.py --benchmark-only
      --benchmark-columns=mean,median,rounds
@@ -27,7 +32,9 @@ SIMS, ACTIONS = 50, 6
 BATCHES = [1, 8, 64, 256]
 _OPS = _cpp.load_tree_ops()
 FUSED = _OPS is not None and hasattr(_OPS, "mlp_search")
-BACKENDS = ["torch"] + (["cpp-loop", "cpp"] if _OPS is not None else [])
+FMA = FUSED and _cpp.fma_available(_OPS)
+BACKENDS = ["torch"] + (["cpp-loop", "cpp"] if _OPS is not None else []) + (["cpp-fma"] if FMA else [])
+PRECISIONS = ["exact"] + (["fma"] if FMA else [])
 
 
 def _model():
@@ -47,7 +54,8 @@ def test_search(benchmark, B, backend):
     if backend == "cpp-loop":  # no fused search: the kernel's select/backup around Python model calls
         model.fused_search_weights = lambda: None
     obs = torch.randn(B, 8)
-    cfg = MCTSConfig(num_simulations=SIMS, backend=backend.split("-")[0])  # root noise on, as in collection
+    precision = "fma" if backend == "cpp-fma" else "exact"
+    cfg = MCTSConfig(num_simulations=SIMS, backend=backend.split("-")[0], kernel_precision=precision)  # noise on
     gen = torch.Generator().manual_seed(0)
     search(model, obs, cfg, generator=gen)  # warm-up
     out = benchmark.pedantic(lambda: search(model, obs, cfg, generator=gen), rounds=_rounds(B), iterations=1)
@@ -75,12 +83,14 @@ def test_network_only(benchmark, B):
 
 
 @pytest.mark.skipif(not FUSED, reason="fused MLP search not built")
+@pytest.mark.parametrize("precision", PRECISIONS)  # the two paths of one B run back to back
 @pytest.mark.parametrize("B", BATCHES)
-def test_network_only_fused(benchmark, B):
+def test_network_only_fused(benchmark, B, precision):
     """The fused search's network work without its tree: root inference, then 50 kernel steps."""
     model = _model()
     obs = torch.randn(B, 8)
     actions = torch.randint(ACTIONS, (SIMS, B))
+    fma = {"fma": True} if precision == "fma" else {}
 
     @torch.no_grad()
     def calls():
@@ -88,7 +98,7 @@ def test_network_only_fused(benchmark, B):
         model.value_support.decode_fast(value_logits)
         torch.softmax(logits, -1)
         tensors, reward_eps, value_eps = model.fused_search_weights()
-        _OPS.mlp_unroll(tensors, ACTIONS, reward_eps, value_eps, latent, actions)
+        _OPS.mlp_unroll(tensors, ACTIONS, reward_eps, value_eps, latent, actions, **fma)
 
     calls()
     benchmark.pedantic(calls, rounds=_rounds(B), iterations=1)

@@ -16,7 +16,8 @@ message. Every implementation first checks its re-built network against ours
 (max abs diff printed); the timings start from the exported root latents and
 logits (no representation call).
 
-Ours: ``cpp`` is the fused C++ search (network in the kernel), ``cpp-loop``
+Ours: ``cpp`` is the fused C++ search (network in the kernel; ``cpp-fma``
+the same with ``kernel_precision="fma"``, where the CPU has AVX2 + FMA), ``cpp-loop``
 the C++ tree with the model called from Python per simulation, ``torch`` the
 tree in tensor ops. Gumbel MuZero's ``cpp`` is the fused search too (its
 rules ``gumbel_root`` / ``gumbel_interior`` in the kernel, the result read by
@@ -39,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -64,17 +66,22 @@ def _our_runs(case: dict, variants: list[str]):
     """``{(impl, variant): run(B)}`` for our searches on the case."""
     from torchrl_muzero.mcts import MCTSConfig, _cpp, search_from_root
 
+    def config(backend: str, cls=MCTSConfig, **kw):
+        """The search settings of one of our implementations ("cpp-fma": the fused search's FMA path)."""
+        return cls(backend=backend.split("-")[0], kernel_precision="fma" if backend == "cpp-fma" else "exact", **kw)
+
     model = export_case.canonical_model()
     sims = int(case["num_simulations"])
     gen = torch.Generator().manual_seed(0)
     tensors = {k: torch.from_numpy(v) for k, v in case.items() if k.startswith(("latent_B", "policy_logits_B",
                                                                                "value_B"))}
     has_cpp = _cpp.load_tree_ops() is not None
+    fused = ["cpp"] + (["cpp-fma"] if has_cpp and _cpp.fma_available() else [])
     runs = {}
 
     if "muzero" in variants:
-        for backend in (["cpp", "cpp-loop"] if has_cpp else []) + ["torch"]:
-            cfg = MCTSConfig(num_simulations=sims, backend=backend.split("-")[0])
+        for backend in (fused + ["cpp-loop"] if has_cpp else []) + ["torch"]:
+            cfg = config(backend, num_simulations=sims)
             m = export_case.canonical_model()
             if backend == "cpp-loop":
                 m.fused_search_weights = lambda: None
@@ -92,8 +99,8 @@ def _our_runs(case: dict, variants: list[str]):
         except ImportError as err:
             print(f"ours: no Gumbel search here ({err})", file=sys.stderr)
         else:
-            for backend in (["cpp"] if has_cpp else []) + ["torch"]:
-                cfg = GumbelMCTSConfig(num_simulations=sims, max_num_considered_actions=16, backend=backend)
+            for backend in (fused if has_cpp else []) + ["torch"]:
+                cfg = config(backend, GumbelMCTSConfig, num_simulations=sims, max_num_considered_actions=16)
 
                 @torch.no_grad()
                 def run(B, cfg=cfg):
@@ -114,10 +121,10 @@ def _our_runs(case: dict, variants: list[str]):
         else:
             sto_t = {k: torch.from_numpy(v) for k, v in case.items() if k.startswith("sto_") and "_B" in k}
             C = int(case["num_chance"])
-            for backend in (["cpp", "cpp-loop"] if has_cpp else []) + ["torch"]:
+            for backend in (fused + ["cpp-loop"] if has_cpp else []) + ["torch"]:
                 # cpp: the fused search (network in the kernel); cpp-loop: the C++ chance / pUCT rules
                 # around the torch model called per simulation.
-                cfg = MCTSConfig(num_simulations=sims, backend=backend.split("-")[0])
+                cfg = config(backend, num_simulations=sims)
                 sto = export_case.canonical_stochastic_model()
                 if backend == "cpp-loop":
                     sto.fused_search_weights = lambda: None
@@ -144,9 +151,9 @@ def _our_runs(case: dict, variants: list[str]):
             ez = export_case.canonical_efficientzero_model()
             ez_t = {k: torch.from_numpy(v) for k, v in case.items() if k.startswith("ez_") and "_B" in k}
             K = int(case["lstm_hidden_size"])
-            fused = has_cpp and getattr(ez, "fused_value_prefix_weights", lambda: None)() is not None
-            for backend in (["cpp"] if fused else []) + (["cpp-loop"] if has_cpp else []) + ["torch"]:
-                cfg = MCTSConfig(num_simulations=sims, backend=backend.split("-")[0])
+            ez_fused = has_cpp and getattr(ez, "fused_value_prefix_weights", lambda: None)() is not None
+            for backend in (fused if ez_fused else []) + (["cpp-loop"] if has_cpp else []) + ["torch"]:
+                cfg = config(backend, num_simulations=sims)
                 m = ez
                 if backend == "cpp-loop":  # the C++ tree with the model called per simulation
                     m = export_case.canonical_efficientzero_model()
@@ -165,9 +172,35 @@ def _our_runs(case: dict, variants: list[str]):
     return model, runs
 
 
-def run_ours(case: dict, variants: list[str], batches: list[int], rounds: int) -> list[dict]:
+def _time_interleaved(impl_runs: dict, variant: str, batches: list[int], rounds: int) -> list[dict]:
+    """Time our implementations of one variant round-robin: B by B, one round of each in turn.
+
+    On the shared 2-core machine the load moves during a run; interleaving
+    makes every implementation see the same load, so ratios between our
+    columns (``cpp-fma`` / ``cpp``) are measured side by side.
+    """
+    records = []
+    for B in batches:
+        for run in impl_runs.values():
+            run(B)  # warm-up
+        for r in range(rounds):
+            for impl, run in impl_runs.items():
+                start = time.perf_counter()
+                run(B)
+                seconds = time.perf_counter() - start
+                rec = {"impl": impl, "variant": variant, "B": int(B), "round": r, "seconds": seconds,
+                       "searches_per_s": B / seconds, "torch": torch.__version__}
+                pc.emit(rec)
+                records.append(rec)
+    return records
+
+
+def run_ours(case: dict, variants: list[str], batches: list[int], rounds: int,
+             impls: list[str] | None = None) -> list[dict]:
     torch.set_num_threads(1)
     model, runs = _our_runs(case, variants)
+    if impls is not None:
+        runs = {key: run for key, run in runs.items() if key[0].removeprefix("ours-") in impls}
     with torch.no_grad():  # our network against the exported outputs (the same code: a sanity check)
         def recurrent(latent, action):
             out = model.recurrent_inference_scalar(torch.from_numpy(latent), torch.from_numpy(action).long())
@@ -184,7 +217,8 @@ def run_ours(case: dict, variants: list[str], batches: list[int], rounds: int) -
         visits = run(1)
         if int(visits.sum()) != sims:
             pc.emit({"impl": impl, "variant": variant, "warning": f"root visits sum to {int(visits.sum())}"})
-        records += pc.time_search(impl, variant, run, batches, rounds=rounds, torch=torch.__version__)
+    for variant in dict.fromkeys(v for _, v in runs):
+        records += _time_interleaved({i: r for (i, v), r in runs.items() if v == variant}, variant, batches, rounds)
     return records
 
 
@@ -250,6 +284,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peers", default="lightzero,mctx", help="comma-separated; empty for ours only")
     parser.add_argument("--no-ours", action="store_true")
+    parser.add_argument("--ours", default="cpp,cpp-fma,cpp-loop,torch",
+                        help="comma-separated: which of our implementations to time (cpp-fma where the CPU has FMA)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per peer")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
@@ -261,7 +297,7 @@ def main() -> None:
         case_path = export_case.export(Path(tmp) / "case.npz")
         case = pc.load_case(str(case_path))
         if not args.no_ours:
-            records += run_ours(case, variants, batches, args.rounds)
+            records += run_ours(case, variants, batches, args.rounds, [i for i in args.ours.split(",") if i])
         for name in [p for p in args.peers.split(",") if p]:
             records += run_peer(name, case_path, variants, batches, args.rounds, args.timeout)
     load["loadavg_end"] = os.getloadavg()

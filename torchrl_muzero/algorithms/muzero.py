@@ -52,6 +52,7 @@ def mcts_kwargs(cfg) -> dict:
         dirichlet_fraction=s.dirichlet_fraction,
         temperature=s.temperature,
         backend=s.backend,
+        kernel_precision=s.kernel_precision,
     )
 
 

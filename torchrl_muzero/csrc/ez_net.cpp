@@ -51,7 +51,7 @@ MZ_INLINE float sum8(const float* x, int64_t n) {
   return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
-template <class V>
+template <class V, bool F>
 MZ_INLINE void ez_step_impl(const EzNet& net, EzScratch& sc, int64_t n,
                             EzRows& rows, float* prior, float* logits) {
   constexpr int W = Lanes<V>::W;
@@ -65,12 +65,12 @@ MZ_INLINE void ez_step_impl(const EzNet& net, EzScratch& sc, int64_t n,
     extra[s] = net.action_rows.data() + rows.action[s] * net.dyn1.J;
     row_out[s] = sc.hidden.data() + s * net.dyn1.J;
   }
-  dense<V>(net.dyn1, n, rows.latent, extra, /*relu=*/true, row_out);
+  dense<V, F>(net.dyn1, n, rows.latent, extra, /*relu=*/true, row_out);
   for (int64_t s = 0; s < n; ++s) {
     row_in[s] = sc.hidden.data() + s * net.dyn1.J;
     row_out[s] = sc.raw.data() + s * net.dyn2.J;
   }
-  dense<V>(net.dyn2, n, row_in, nullptr, false, row_out);
+  dense<V, F>(net.dyn2, n, row_in, nullptr, false, row_out);
   for (int64_t s = 0; s < n; ++s) {  // scale_latent
     const float* r = sc.raw.data() + s * net.dyn2.J;
     float lo = r[0], hi = r[0];
@@ -88,15 +88,15 @@ MZ_INLINE void ez_step_impl(const EzNet& net, EzScratch& sc, int64_t n,
     row_in[s] = rows.next_latent[s];
     row_out[s] = sc.gates_ih.data() + s * net.lstm_ih.J;
   }
-  dense<V>(net.lstm_ih, n, row_in, nullptr, false, row_out);
+  dense<V, F>(net.lstm_ih, n, row_in, nullptr, false, row_out);
   for (int64_t s = 0; s < n; ++s) row_out[s] = sc.gates_hh.data() + s * net.lstm_hh.J;
-  dense<V>(net.lstm_hh, n, rows.h, nullptr, false, row_out);
+  dense<V, F>(net.lstm_hh, n, rows.h, nullptr, false, row_out);
   // Prediction trunk on the next latent.
   for (int64_t s = 0; s < n; ++s) {
     row_in[s] = rows.next_latent[s];
     row_out[s] = sc.trunk.data() + s * net.pred1.J;
   }
-  dense<V>(net.pred1, n, row_in, nullptr, true, row_out);
+  dense<V, F>(net.pred1, n, row_in, nullptr, true, row_out);
 
   // The cell, then relu(LayerNorm(h')) into `normed` (KP floats a row, the
   // padding zero: the next layer's K inputs are the first K).
@@ -139,23 +139,23 @@ MZ_INLINE void ez_step_impl(const EzNet& net, EzScratch& sc, int64_t n,
     row_in[s] = sc.normed.data() + s * KP;
     row_out[s] = sc.vp_hidden.data() + s * net.vp1.J;
   }
-  dense<V>(net.vp1, n, row_in, nullptr, true, row_out);
+  dense<V, F>(net.vp1, n, row_in, nullptr, true, row_out);
   for (int64_t s = 0; s < n; ++s) {
     row_in[s] = sc.vp_hidden.data() + s * net.vp1.J;
     row_out[s] = sc.prefix_logits.data() + s * net.vp2.J;
   }
-  dense<V>(net.vp2, n, row_in, nullptr, false, row_out);
+  dense<V, F>(net.vp2, n, row_in, nullptr, false, row_out);
   for (int64_t s = 0; s < n; ++s) {
     row_in[s] = sc.trunk.data() + s * net.pred1.J;
     row_out[s] = sc.pred_logits.data() + s * net.pred_out.J;
   }
-  dense<V>(net.pred_out, n, row_in, nullptr, false, row_out);
+  dense<V, F>(net.pred_out, n, row_in, nullptr, false, row_out);
 
   for (int64_t s = 0; s < n; ++s) {
     const float* zl = sc.prefix_logits.data() + s * net.vp2.J;
     const float* pl = sc.pred_logits.data() + s * net.pred_out.J;
-    const float prefix = net.reward_h(bin_expectation<V>(zl, net.reward_bins.data(), net.R));
-    rows.value[s] = net.value_h(bin_expectation<V>(pl + A, net.value_bins.data(), net.V));
+    const float prefix = net.reward_h(bin_expectation<V, F>(zl, net.reward_bins.data(), net.R));
+    rows.value[s] = net.value_h(bin_expectation<V, F>(pl + A, net.value_bins.data(), net.V));
     rows.reward[s] = prefix - rows.parent_prefix[s];
     const int64_t steps = rows.parent_steps[s] + 1;
     const bool reset = steps >= net.horizon;
@@ -288,7 +288,7 @@ namespace {
 
 void ez_step_baseline(const EzNet& net, EzScratch& sc, int64_t n, EzRows& rows,
                       float* prior, float* logits) {
-  ez_step_impl<v4f>(net, sc, n, rows, prior, logits);
+  ez_step_impl<v4f, false>(net, sc, n, rows, prior, logits);
 }
 
 #ifdef MZ_X86_AVX2_PATH
@@ -296,15 +296,25 @@ __attribute__((target("avx2"))) void ez_step_avx2(const EzNet& net,
                                                   EzScratch& sc, int64_t n,
                                                   EzRows& rows, float* prior,
                                                   float* logits) {
-  ez_step_impl<v8f>(net, sc, n, rows, prior, logits);
+  ez_step_impl<v8f, false>(net, sc, n, rows, prior, logits);
+}
+
+// The opt-in FMA copy (see mlp_net.cpp): the layers and the decodes fused;
+// the LSTM's sigmoid / tanh and the LayerNorm stay the exact path's.
+__attribute__((target("avx2,fma"))) void ez_step_fma(const EzNet& net,
+                                                     EzScratch& sc, int64_t n,
+                                                     EzRows& rows, float* prior,
+                                                     float* logits) {
+  ez_step_impl<v8f, true>(net, sc, n, rows, prior, logits);
 }
 #endif
 
 }  // namespace
 
 void ez_step(const EzNet& net, EzScratch& sc, int64_t n, EzRows& rows,
-             float* prior, float* logits, bool baseline) {
+             float* prior, float* logits, bool baseline, bool fma) {
 #ifdef MZ_X86_AVX2_PATH
+  if (fma && cpu_has_avx2_fma()) return ez_step_fma(net, sc, n, rows, prior, logits);
   static const bool has_avx2 = cpu_has_avx2();
   if (!baseline && has_avx2) return ez_step_avx2(net, sc, n, rows, prior, logits);
 #endif

@@ -49,8 +49,8 @@ struct EzNet {
 
 // Activation buffers of one group of rows (per thread).
 struct EzScratch {
-  std::vector<float> hidden, raw, gates_ih, gates_hh, normed, vp_hidden,
-      prefix_logits, trunk, pred_logits;
+  AlignedFloats hidden, raw, gates_ih, gates_hh, normed, vp_hidden,
+      prefix_logits, trunk, pred_logits;  // 64-byte aligned rows
 };
 
 // One group of n <= kGroup rows of a step: the parents' inputs, where the
@@ -80,9 +80,11 @@ const EzNet& pack_ez(const std::vector<at::Tensor>& weights, int64_t A,
 EzScratch& thread_ez_scratch(const EzNet& net);
 
 // search_step for n rows (see above): fills rows' outputs, the prior [n, A]
-// and the policy logits [n, A]. `baseline` forces the 4-wide build.
+// and the policy logits [n, A]. `baseline` forces the 4-wide build, `fma`
+// the FMA copy where the CPU has it (as mlp_step).
 void ez_step(const EzNet& net, EzScratch& sc, int64_t n, EzRows& rows,
-             float* prior, float* logits, bool baseline = false);
+             float* prior, float* logits, bool baseline = false,
+             bool fma = false);
 
 }  // namespace tree_ops
 

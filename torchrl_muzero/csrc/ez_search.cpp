@@ -50,7 +50,7 @@ std::vector<at::Tensor> ez_recurrent(
     double reward_eps, double value_eps, double ln_eps, int64_t horizon,
     const at::Tensor& latent, const at::Tensor& h, const at::Tensor& c,
     const at::Tensor& value_prefix, const at::Tensor& steps,
-    const at::Tensor& action, bool baseline) {
+    const at::Tensor& action, bool baseline, bool fma) {
   const EzNet& net = pack_ez(weights, num_actions, reward_eps, value_eps,
                              ln_eps, horizon);
   check_tensor(action, "action", at::kLong, 1);
@@ -86,7 +86,7 @@ std::vector<at::Tensor> ez_recurrent(
       rows.next_c[s] = nc.data_ptr<float>() + b * K;
     }
     ez_step(net, sc, n, rows, prior.data_ptr<float>() + g * A,
-            logits.data_ptr<float>() + g * A, baseline);
+            logits.data_ptr<float>() + g * A, baseline, fma);
     for (int64_t s = 0; s < n; ++s) {
       prefix.data_ptr<float>()[g + s] = rows.prefix[s];
       nsteps.data_ptr<int64_t>()[g + s] = rows.steps[s];
@@ -120,7 +120,7 @@ void ez_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
                const std::vector<double>& root_params,
                const std::string& interior_rule,
                const std::vector<double>& interior_params,
-               const Extra& extra) {
+               const Extra& extra, bool fma) {
   TreeArrays t = check_tree(visit_count, value_sum, children_index,
                             children_prior, children_reward,
                             children_discount, min_q, max_q);
@@ -158,7 +158,9 @@ void ez_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
           rows.next_h[s] = st.h + to * K;
           rows.next_c[s] = st.c + to * K;
         },
-        [&](int64_t count) { ez_step(net, sc, count, rows, prior.data(), logits.data()); },
+        [&](int64_t count) {
+          ez_step(net, sc, count, rows, prior.data(), logits.data(), /*baseline=*/false, fma);
+        },
         [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
           st.prefix[b * N + n] = rows.prefix[s];
           st.steps[b * N + n] = rows.steps[s];
@@ -183,7 +185,8 @@ void register_ez(pybind11::module_& m) {
         py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
         py::arg("layer_norm_eps"), py::arg("lstm_horizon_len"),
         py::arg("root_rule"), py::arg("root_params"), py::arg("interior_rule"),
-        py::arg("interior_params"), py::arg("extra") = Extra{});
+        py::arg("interior_params"), py::arg("extra") = Extra{},
+        py::arg("fma") = false);
   m.def("ez_recurrent", &ez_recurrent,
         "Test hook: the fused EfficientZero search's network step "
         "(search_step) for a batch of states (`baseline`: force the 4-wide "
@@ -193,7 +196,7 @@ void register_ez(pybind11::module_& m) {
         py::arg("value_eps"), py::arg("layer_norm_eps"),
         py::arg("lstm_horizon_len"), py::arg("latent"), py::arg("lstm_h"),
         py::arg("lstm_c"), py::arg("value_prefix"), py::arg("steps"),
-        py::arg("action"), py::arg("baseline") = false);
+        py::arg("action"), py::arg("baseline") = false, py::arg("fma") = false);
 }
 
 }  // namespace tree_ops

@@ -9,6 +9,14 @@
 // definition could be merged by the linker into one compiled for the wrong
 // target. The arithmetic (and so the float32 contract of mlp_net.h) is the
 // same in every TU.
+//
+// The opt-in FMA path (template flag F, mcts.kernel_precision="fma"): the
+// same loops with every multiply-add of a linear layer, of the decode's exp
+// polynomial and of its expectation sum fused (one rounding instead of two),
+// instantiated only inside target("avx2,fma") entry points. Its results are
+// still independent of the batch size (every row runs the same fused ops in
+// the same k order) but not bit-identical to the exact path's: within a few
+// ulps per layer (test/test_fma_kernels.py measures it).
 #pragma once
 
 #include "mlp_net.h"
@@ -78,16 +86,45 @@ MZ_INLINE V vmin(V a, V b) {
   return a < b ? a : b;
 }
 
+// a * b + c rounded once, lane by lane. __builtin_fmaf is a fused
+// multiply-add whatever the compiler emits for it (GCC turns the unrolled
+// lanes into one vfmadd inside a target("fma") function), so the FMA path's
+// results do not depend on the vectoriser. Called only from the F = true
+// instantiations.
+template <class V>
+MZ_INLINE V vfma(V a, V b, V c) {
+  V r;
+#pragma GCC unroll 8
+  for (int l = 0; l < Lanes<V>::W; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+  return r;
+}
+
 // exp(x) for x in [-87, 88], as Cephes' expf:
 // x = n ln2 + r with n = round(x / ln2) and |r| <= ln2 / 2, exp(r) from its
 // polynomial, times 2^n built in the exponent bits. Rounding uses the
 // 1.5 * 2^23 shifter (the float sum's last bits are n + 127), which needs no
 // float-int conversion or floor. Exactly 1 at 0. (The LSTM's sigmoid / tanh
 // of ez_net.cpp call it on clamped inputs of both signs.)
-template <class V>
+template <class V, bool F = false>
 MZ_INLINE V exp_in_range(V x) {
   using I = typename Lanes<V>::I;
   const float shifter = 12582912.0f + 127.0f;  // 1.5 * 2^23, plus the exponent bias
+  if constexpr (F) {  // the same steps, each multiply-add fused
+    V kf = vfma(x, vsplat<V>(1.44269504088896341f), vsplat<V>(shifter));
+    const I biased_n = (I)kf;
+    kf = kf - shifter;
+    x = vfma(kf, vsplat<V>(-0.693359375f), x);
+    x = vfma(kf, vsplat<V>(2.12194440e-4f), x);
+    const V z = x * x;
+    V y = vsplat<V>(1.9875691500e-4f);
+    y = vfma(y, x, vsplat<V>(1.3981999507e-3f));
+    y = vfma(y, x, vsplat<V>(8.3334519073e-3f));
+    y = vfma(y, x, vsplat<V>(4.1665795894e-2f));
+    y = vfma(y, x, vsplat<V>(1.6666665459e-1f));
+    y = vfma(y, x, vsplat<V>(5.0000001201e-1f));
+    y = vfma(y, z, x) + 1.0f;
+    return y * (V)((biased_n & 0xff) << 23);
+  }
   V kf = x * 1.44269504088896341f + shifter;
   const I biased_n = (I)kf;  // a vector cast reinterprets the bits
   kf = kf - shifter;         // n, as a float
@@ -107,15 +144,15 @@ MZ_INLINE V exp_in_range(V x) {
 // exp(x) for x <= 0 (a logit minus its row maximum). Inputs below -87
 // (exp(-inf) included) are clamped there: exp(-87) ~ 1.6e-38 vanishes next to
 // the row maximum's 1.
-template <class V>
+template <class V, bool F = false>
 MZ_INLINE V exp_nonpos(V x) {
-  return exp_in_range(vmax(x, vsplat<V>(-87.0f)));
+  return exp_in_range<V, F>(vmax(x, vsplat<V>(-87.0f)));
 }
 
 // E[bin] under softmax(z[0:n]): sum(e_i * bin_i) / sum(e_i), each sum kept
 // as 8 partial sums (element i goes to partial i mod 8) added up in a fixed
-// tree at the end.
-template <class V>
+// tree at the end. With F, exp and the e_i * bin_i sum use fused multiply-adds.
+template <class V, bool F = false>
 MZ_INLINE float bin_expectation(const float* z, const float* bins, int64_t n) {
   constexpr int W = Lanes<V>::W, R = 8 / W;
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -130,18 +167,20 @@ MZ_INLINE float bin_expectation(const float* z, const float* bins, int64_t n) {
   for (int r = 0; r < R; ++r) s0[r] = s1[r] = vsplat<V>(0.0f);
   for (int64_t i = 0; i < full; i += 8) {
     for (int r = 0; r < R; ++r) {
-      const V e = exp_nonpos(vload<V>(z + i + r * W) - mx);
+      const V e = exp_nonpos<V, F>(vload<V>(z + i + r * W) - mx);
       s0[r] += e;
-      s1[r] += e * vload<V>(bins + i + r * W);
+      if constexpr (F) s1[r] = vfma(e, vload<V>(bins + i + r * W), s1[r]);
+      else s1[r] += e * vload<V>(bins + i + r * W);
     }
   }
   if (full < n) {  // every partial sum takes one more term, padding included
     for (int r = 0; r < R; ++r) {
       const int64_t at = full + r * W;
       const int64_t count = std::max<int64_t>(0, std::min<int64_t>(W, n - at));
-      const V e = exp_nonpos(vload_partial<V>(z + at, count, neg_inf) - mx);
+      const V e = exp_nonpos<V, F>(vload_partial<V>(z + at, count, neg_inf) - mx);
       s0[r] += e;
-      s1[r] += e * vload_partial<V>(bins + at, count, 0.0f);
+      if constexpr (F) s1[r] = vfma(e, vload_partial<V>(bins + at, count, 0.0f), s1[r]);
+      else s1[r] += e * vload_partial<V>(bins + at, count, 0.0f);
     }
   }
   float p0[8], p1[8];
@@ -155,8 +194,9 @@ MZ_INLINE float bin_expectation(const float* z, const float* bins, int64_t n) {
 }
 
 // The NS x (W * NV) output tile (rows x[s], outputs j0 ..): accumulate over
-// k, then + bias, + extra[s] (the action column), ReLU.
-template <class V, int NS, int NV>
+// k, then + bias, + extra[s] (the action column), ReLU. With F each step of
+// the k loop is one fused multiply-add per output.
+template <class V, int NS, int NV, bool F = false>
 MZ_INLINE void dense_tile(const Dense& d, const float* const* x, int64_t j0,
                           const float* const* extra, bool relu,
                           float* const* y) {
@@ -168,9 +208,16 @@ MZ_INLINE void dense_tile(const Dense& d, const float* const* x, int64_t j0,
   for (int64_t k = 0; k < d.K; ++k, w += d.J) {
     V wv[NV];
     for (int v = 0; v < NV; ++v) wv[v] = vload<V>(w + W * v);
+    // Unrolled explicitly: with vfma's lane loop inside, GCC's own complete
+    // unrolling gives up and the accumulators go to the stack (~3x slower).
+#pragma GCC unroll 8
     for (int s = 0; s < NS; ++s) {
       const float xs = x[s][k];
-      for (int v = 0; v < NV; ++v) acc[s][v] += wv[v] * xs;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        if constexpr (F) acc[s][v] = vfma(wv[v], vsplat<V>(xs), acc[s][v]);
+        else acc[s][v] += wv[v] * xs;
+      }
     }
   }
   for (int s = 0; s < NS; ++s) {
@@ -185,8 +232,8 @@ MZ_INLINE void dense_tile(const Dense& d, const float* const* x, int64_t j0,
 }
 
 // Fewer than 4 rows: wide tiles, so that 8-9 independent accumulators hide
-// the addition latency.
-template <class V, int NS>
+// the addition (or FMA) latency.
+template <class V, int NS, bool F>
 MZ_INLINE void dense_few(const Dense& d, const float* const* x,
                          const float* const* extra, bool relu,
                          float* const* y) {
@@ -194,34 +241,36 @@ MZ_INLINE void dense_few(const Dense& d, const float* const* x,
   constexpr int NV = NS == 1 ? 8 : (NS == 2 ? 4 : 3);
   int64_t j0 = 0;
   for (; j0 + W * NV <= d.J; j0 += W * NV)
-    dense_tile<V, NS, NV>(d, x, j0, extra, relu, y);
-  for (; j0 < d.J; j0 += W) dense_tile<V, NS, 1>(d, x, j0, extra, relu, y);
+    dense_tile<V, NS, NV, F>(d, x, j0, extra, relu, y);
+  for (; j0 < d.J; j0 += W) dense_tile<V, NS, 1, F>(d, x, j0, extra, relu, y);
 }
 
 // y[s] = layer(x[s]) for n rows. With 4+ rows: column panels of 2 vectors in
 // the outer loop (a panel's weights, K x 64 bytes at most, stay in L1 while
 // every row block uses them), 4-row blocks inside: 8 accumulators, 2 weight
 // loads and 4 broadcasts per k. (4 x 3 tiles measured no faster: the loop is
-// bound by the multiply and add ports.)
-template <class V>
+// bound by the multiply and add ports.) The FMA path keeps 4 x 2: 8
+// accumulators cover FMA's 4-cycle latency on 2 ports, and 4 x 3, 3 x 4 and
+// 6 x 2 measured no faster on the canonical layers (docs/performance.md).
+template <class V, bool F = false>
 MZ_INLINE void dense(const Dense& d, int64_t n, const float* const* x,
                      const float* const* extra, bool relu, float* const* y) {
   constexpr int W = Lanes<V>::W;
   if (n < 4) {
-    if (n == 3) dense_few<V, 3>(d, x, extra, relu, y);
-    if (n == 2) dense_few<V, 2>(d, x, extra, relu, y);
-    if (n == 1) dense_few<V, 1>(d, x, extra, relu, y);
+    if (n == 3) dense_few<V, 3, F>(d, x, extra, relu, y);
+    if (n == 2) dense_few<V, 2, F>(d, x, extra, relu, y);
+    if (n == 1) dense_few<V, 1, F>(d, x, extra, relu, y);
     return;
   }
   for (int64_t j0 = 0; j0 < d.J; j0 += 2 * W) {
     int64_t s = 0;
     for (; s + 4 <= n; s += 4)
-      dense_tile<V, 4, 2>(d, x + s, j0, extra ? extra + s : nullptr, relu, y + s);
+      dense_tile<V, 4, 2, F>(d, x + s, j0, extra ? extra + s : nullptr, relu, y + s);
     const float* const* ex = extra ? extra + s : nullptr;
     switch (n - s) {
-      case 3: dense_tile<V, 3, 2>(d, x + s, j0, ex, relu, y + s); break;
-      case 2: dense_tile<V, 2, 2>(d, x + s, j0, ex, relu, y + s); break;
-      case 1: dense_tile<V, 1, 2>(d, x + s, j0, ex, relu, y + s); break;
+      case 3: dense_tile<V, 3, 2, F>(d, x + s, j0, ex, relu, y + s); break;
+      case 2: dense_tile<V, 2, 2, F>(d, x + s, j0, ex, relu, y + s); break;
+      case 1: dense_tile<V, 1, 2, F>(d, x + s, j0, ex, relu, y + s); break;
       default: break;
     }
   }
@@ -273,6 +322,16 @@ inline void init_dense(Dense& d, int64_t K, int64_t J) {
 inline bool cpu_has_avx2() {
 #ifdef MZ_X86_AVX2_PATH
   static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// Whether the FMA copies can run here (x86 with AVX2 and FMA).
+inline bool cpu_has_avx2_fma() {
+#ifdef MZ_X86_AVX2_PATH
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
 #else
   return false;

@@ -10,8 +10,8 @@ namespace {
 // The search step for n <= kGroup rows: parent latents in[s] (L floats),
 // actions act[s]; writes the scaled next latent to out[s] (L floats), the
 // decoded reward and value, the prior [n, A] and, when `logits` is not null,
-// the policy logits [n, A].
-template <class V>
+// the policy logits [n, A]. F: the FMA path (mlp_kernels.h).
+template <class V, bool F>
 MZ_INLINE void mlp_step_impl(const MlpNet& net, MlpScratch& sc, int64_t n,
                              const float* const* in, const int64_t* act,
                              float* const* out, float* reward, float* value,
@@ -26,12 +26,12 @@ MZ_INLINE void mlp_step_impl(const MlpNet& net, MlpScratch& sc, int64_t n,
     extra[s] = net.action_rows.data() + act[s] * net.dyn1.J;
     row_out[s] = sc.hidden.data() + s * net.dyn1.J;
   }
-  dense<V>(net.dyn1, n, in, extra, /*relu=*/true, row_out);
+  dense<V, F>(net.dyn1, n, in, extra, /*relu=*/true, row_out);
   for (int64_t s = 0; s < n; ++s) {
     row_in[s] = sc.hidden.data() + s * net.dyn1.J;
     row_out[s] = sc.raw.data() + s * net.dyn2.J;
   }
-  dense<V>(net.dyn2, n, row_in, nullptr, false, row_out);
+  dense<V, F>(net.dyn2, n, row_in, nullptr, false, row_out);
   // scale_latent: (x - min) / clamp_min(max - min, 1e-5), per row.
   for (int64_t s = 0; s < n; ++s)
     scale_latent_row(sc.raw.data() + s * net.dyn2.J, L, out[s]);
@@ -40,24 +40,24 @@ MZ_INLINE void mlp_step_impl(const MlpNet& net, MlpScratch& sc, int64_t n,
     row_in[s] = out[s];
     row_out[s] = sc.trunks.data() + s * net.trunks.J;
   }
-  dense<V>(net.trunks, n, row_in, nullptr, true, row_out);
+  dense<V, F>(net.trunks, n, row_in, nullptr, true, row_out);
   for (int64_t s = 0; s < n; ++s) {
     row_in[s] = sc.trunks.data() + s * net.trunks.J;
     row_out[s] = sc.reward_logits.data() + s * net.reward_out.J;
   }
-  dense<V>(net.reward_out, n, row_in, nullptr, false, row_out);
+  dense<V, F>(net.reward_out, n, row_in, nullptr, false, row_out);
   const int64_t hq_off = round_up16(net.Hr);
   for (int64_t s = 0; s < n; ++s) {
     row_in[s] = sc.trunks.data() + s * net.trunks.J + hq_off;
     row_out[s] = sc.pred_logits.data() + s * net.pred_out.J;
   }
-  dense<V>(net.pred_out, n, row_in, nullptr, false, row_out);
+  dense<V, F>(net.pred_out, n, row_in, nullptr, false, row_out);
 
   for (int64_t s = 0; s < n; ++s) {
     const float* rl = sc.reward_logits.data() + s * net.reward_out.J;
     const float* pl = sc.pred_logits.data() + s * net.pred_out.J;
-    reward[s] = net.reward_h(bin_expectation<V>(rl, net.reward_bins.data(), net.R));
-    value[s] = net.value_h(bin_expectation<V>(pl + A, net.value_bins.data(), net.V));
+    reward[s] = net.reward_h(bin_expectation<V, F>(rl, net.reward_bins.data(), net.R));
+    value[s] = net.value_h(bin_expectation<V, F>(pl + A, net.value_bins.data(), net.V));
     // prior = softmax(policy logits); A is small, so plain libm exp.
     float mx = pl[0];
     for (int64_t a = 1; a < A; ++a) mx = std::max(mx, pl[a]);
@@ -167,28 +167,38 @@ MlpScratch& thread_scratch(const MlpNet& net) {
 
 namespace {
 
-void mlp_step_baseline(MZ_STEP_PARAMS) { mlp_step_impl<v4f>(MZ_STEP_ARGS); }
+void mlp_step_baseline(MZ_STEP_PARAMS) { mlp_step_impl<v4f, false>(MZ_STEP_ARGS); }
 
 #ifdef MZ_X86_AVX2_PATH
 // The same templates compiled for AVX2 (inlined into this function, so they
 // take its target); chosen at run time when the CPU has AVX2.
 __attribute__((target("avx2"))) void mlp_step_avx2(MZ_STEP_PARAMS) {
-  mlp_step_impl<v8f>(MZ_STEP_ARGS);
+  mlp_step_impl<v8f, false>(MZ_STEP_ARGS);
+}
+
+// The opt-in FMA copy: fused multiply-adds in the layers and the decode
+// (fp-contract stays off, so nothing else is fused).
+__attribute__((target("avx2,fma"))) void mlp_step_fma(MZ_STEP_PARAMS) {
+  mlp_step_impl<v8f, true>(MZ_STEP_ARGS);
 }
 #endif
 
 }  // namespace
 
 // The search step for n <= kGroup rows (see mlp_step_impl); `baseline`
-// forces the 4-wide build (the test hook compares the two).
-void mlp_step(MZ_STEP_PARAMS, bool baseline) {
+// forces the 4-wide build (the test hook compares the two), `fma` the FMA
+// copy where the CPU runs it.
+void mlp_step(MZ_STEP_PARAMS, bool baseline, bool fma) {
 #ifdef MZ_X86_AVX2_PATH
+  if (fma && cpu_has_avx2_fma()) return mlp_step_fma(MZ_STEP_ARGS);
   if (!baseline && cpu_has_avx2()) return mlp_step_avx2(MZ_STEP_ARGS);
 #endif
   mlp_step_baseline(MZ_STEP_ARGS);
 }
 #undef MZ_STEP_PARAMS
 #undef MZ_STEP_ARGS
+
+bool kernel_has_fma() { return cpu_has_avx2_fma(); }
 
 void check_latent_and_actions(const MlpNet& net, const at::Tensor& latent,
                               const at::Tensor& action, int64_t B) {

@@ -34,7 +34,16 @@
 //
 // Implementation: GCC/Clang vector extensions, 4 floats wide in the baseline
 // build (SSE2, NEON) and 8 wide in a copy compiled for AVX2 that x86 CPUs
-// with AVX2 run (same results bit for bit). Linear layers are
+// with AVX2 run (same results bit for bit).
+//
+// Opt-in FMA path (`fma`, MCTSConfig.kernel_precision="fma"): a third copy,
+// compiled for AVX2 + FMA, in which the linear layers' multiply-adds, the
+// decode's exp polynomial and its sum(e_i * bin_i) are fused multiply-adds
+// (one rounding each). Still float32 with a fixed order, so a sample's
+// result does not depend on the batch size or its tile; it differs from the
+// exact path by a few ulps per layer, so it is not bit-identical across
+// CPUs (a CPU without FMA runs the exact path). scale_latent, h^-1 and the
+// prior's softmax are the exact path's. Linear layers are
 // register-tiled (4 samples x 2 vectors, or 1 sample x 8 vectors) over
 // k-major copies of the weights made once per call. Built without GCC or
 // Clang, the module simply has no mlp_search and the search keeps its
@@ -43,6 +52,8 @@
 #pragma once
 
 #include "tree_common.h"
+
+#include <new>
 
 #if defined(__GNUC__) || defined(__clang__)
 #define MZ_HAVE_MLP_SEARCH 1
@@ -66,10 +77,31 @@ struct InverseH {
 
 constexpr int64_t round_up16(int64_t n) { return (n + 15) & ~int64_t{15}; }
 
+// Allocator of 64-byte aligned storage (C++17 aligned new). Layer rows are
+// multiples of 16 floats, so from an aligned base every 16-float panel of a
+// packed weight row is one cache line and no vector load or store splits
+// across two (std::vector's 16-byte alignment split half of them: the dense
+// loops measured 5-7 % slower). Alignment changes no result.
+template <class T>
+struct CacheAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  CacheAligned() = default;
+  template <class U>
+  CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
+  template <class U>
+  bool operator==(const CacheAligned<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const CacheAligned<U>&) const { return false; }
+};
+using AlignedFloats = std::vector<float, CacheAligned<float>>;
+
 // One linear layer in k-major layout: wt[k * J + j] = W[j, k] for the J
 // (padded, multiple of 16) outputs; padded outputs have zero weights/bias.
 struct Dense {
-  std::vector<float> wt, bias;
+  AlignedFloats wt, bias;
   int64_t K = 0, J = 0;
 };
 
@@ -87,7 +119,7 @@ struct MlpNet {
 
 // Activation buffers of one group of rows (per thread, reused like MlpNet).
 struct MlpScratch {
-  std::vector<float> hidden, raw, trunks, reward_logits, pred_logits;
+  AlignedFloats hidden, raw, trunks, reward_logits, pred_logits;
 };
 
 // weights: the 14 tensors of MuZeroMLPModel.fused_search_weights() (see
@@ -102,11 +134,16 @@ MlpScratch& thread_scratch(const MlpNet& net);
 // actions act[s]; writes the scaled next latent to out[s] (L floats), the
 // decoded reward and value, the prior [n, A] and, when `logits` is not null,
 // the policy logits [n, A]. `baseline` forces the 4-wide build (the test hook
-// compares the two).
+// compares the two); `fma` takes the opt-in FMA copy where the CPU has AVX2
+// and FMA (kernel_has_fma), else the exact dispatch above.
 void mlp_step(const MlpNet& net, MlpScratch& sc, int64_t n,
               const float* const* in, const int64_t* act, float* const* out,
               float* reward, float* value, float* prior, float* logits,
-              bool baseline = false);
+              bool baseline = false, bool fma = false);
+
+// Whether `fma = true` runs the FMA copies on this CPU (x86 with AVX2 and
+// FMA); elsewhere the steps fall back to the exact path.
+bool kernel_has_fma();
 
 void check_latent_and_actions(const MlpNet& net, const at::Tensor& latent,
                               const at::Tensor& action, int64_t B);

@@ -19,7 +19,7 @@ std::vector<at::Tensor> mlp_recurrent(const std::vector<at::Tensor>& weights,
                                       double value_eps,
                                       const at::Tensor& latent,
                                       const at::Tensor& action,
-                                      bool baseline) {
+                                      bool baseline, bool fma) {
   const MlpNet& net = pack_mlp(weights, num_actions, reward_eps, value_eps);
   check_tensor(action, "action", at::kLong, 1);
   const int64_t B = action.size(0);
@@ -41,16 +41,18 @@ std::vector<at::Tensor> mlp_recurrent(const std::vector<at::Tensor>& weights,
     mlp_step(net, sc, n, in, action.data_ptr<int64_t>() + g, out,
              reward.data_ptr<float>() + g, value.data_ptr<float>() + g,
              prior.data_ptr<float>() + g * net.A,
-             logits.data_ptr<float>() + g * net.A, baseline);
+             logits.data_ptr<float>() + g * net.A, baseline, fma);
   }
   return {next, reward, logits, value, prior};
 }
 
 // Network-only counterpart of mlp_search for benchmarks: actions.size(0)
-// chained steps from `latent` (no tree). Returns the last latent.
+// chained steps from `latent` (no tree), on the FMA path with `fma`.
+// Returns the last latent.
 at::Tensor mlp_unroll(const std::vector<at::Tensor>& weights,
                       int64_t num_actions, double reward_eps, double value_eps,
-                      const at::Tensor& latent, const at::Tensor& actions) {
+                      const at::Tensor& latent, const at::Tensor& actions,
+                      bool fma) {
   const MlpNet& net = pack_mlp(weights, num_actions, reward_eps, value_eps);
   check_tensor(actions, "actions", at::kLong, 2);
   const int64_t S = actions.size(0), B = actions.size(1);
@@ -69,7 +71,8 @@ at::Tensor mlp_unroll(const std::vector<at::Tensor>& weights,
         out[s] = nxt.data_ptr<float>() + (g + s) * net.L;
       }
       mlp_step(net, sc, n, in, actions.data_ptr<int64_t>() + t * B + g, out,
-               reward.data(), value.data(), prior.data(), nullptr);
+               reward.data(), value.data(), prior.data(), nullptr,
+               /*baseline=*/false, fma);
     }
     std::swap(cur, nxt);
   }
@@ -81,7 +84,7 @@ at::Tensor mlp_unroll(const std::vector<at::Tensor>& weights,
 void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
                     const std::vector<at::Tensor>& weights, double reward_eps,
                     double value_eps, const RuleSpec& root,
-                    const RuleSpec& interior, const Extra& extra) {
+                    const RuleSpec& interior, const Extra& extra, bool fma) {
   const int64_t B = t.B, N = t.N, A = t.A;
   const MlpNet& net = pack_mlp(weights, A, reward_eps, value_eps);
   check_tensor(embeddings, "embeddings", at::kFloat, 3);
@@ -112,7 +115,7 @@ void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
         },
         [&](int64_t rows) {
           mlp_step(net, sc, rows, in, act, out, reward, value, prior.data(),
-                   logits.data());
+                   logits.data(), /*baseline=*/false, fma);
         },
         [&](int64_t s, int64_t, const Row& r, const Leaf& l, int64_t n) {
           std::copy_n(logits.data() + s * A, A, r.lg + n * A);
@@ -142,7 +145,7 @@ void mlp_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
                 const std::vector<double>& root_params,
                 const std::string& interior_rule,
                 const std::vector<double>& interior_params,
-                const Extra& extra) {
+                const Extra& extra, bool fma) {
   TreeArrays t = check_tree(visit_count, value_sum, children_index,
                             children_prior, children_reward,
                             children_discount, min_q, max_q);
@@ -150,7 +153,7 @@ void mlp_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
   check_descent_inputs(t, root_legal, children_logits, raw_value);
   run_mlp_search(t, embeddings, weights, reward_eps, value_eps,
                  parse_rule(root_rule, root_params, true),
-                 parse_rule(interior_rule, interior_params, false), extra);
+                 parse_rule(interior_rule, interior_params, false), extra, fma);
 }
 
 // The version-1 signature (pUCT at every node with one set of constants and
@@ -190,7 +193,7 @@ void mlp_search_puct(const at::Tensor& visit_count, const at::Tensor& value_sum,
   const std::vector<double> puct{pb_c_base, pb_c_init};
   const RuleSpec spec{RuleId::kPuct, puct};
   run_mlp_search(t, embeddings, weights, reward_eps, value_eps, spec, spec,
-                 Extra{});
+                 Extra{}, /*fma=*/false);
 }
 
 }  // namespace
@@ -201,11 +204,13 @@ void register_mlp(pybind11::module_& m) {
   m.def("mlp_search", &mlp_search,
         "Run every simulation of a search for MuZeroMLPModel (one hidden "
         "layer) on a fresh tree whose root is initialised, in place, "
-        "descending with the named root and interior rules.",
+        "descending with the named root and interior rules (`fma`: the "
+        "opt-in FMA network path where the CPU has it).",
         MZ_FUSED_TREE_PY_ARGS, py::arg("embeddings"), py::arg("weights"),
         py::arg("reward_eps"), py::arg("value_eps"), py::arg("root_rule"),
         py::arg("root_params"), py::arg("interior_rule"),
-        py::arg("interior_params"), py::arg("extra") = Extra{});
+        py::arg("interior_params"), py::arg("extra") = Extra{},
+        py::arg("fma") = false);
   m.def("mlp_search", &mlp_search_puct,
         "Version-1 form: pUCT everywhere with (pb_c_base, pb_c_init) and one "
         "discount for every edge.",
@@ -218,16 +223,21 @@ void register_mlp(pybind11::module_& m) {
         py::arg("discount"));
   m.def("mlp_recurrent", &mlp_recurrent,
         "Test hook: the fused search's network step for a batch of latents "
-        "(`baseline`: force the 4-wide build instead of the AVX2 one). "
+        "(`baseline`: force the 4-wide build instead of the AVX2 one; `fma`: "
+        "the FMA copy where the CPU has it). "
         "Returns [next_latent, reward, policy_logits, value, prior].",
         py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
         py::arg("value_eps"), py::arg("latent"), py::arg("action"),
-        py::arg("baseline") = false);
+        py::arg("baseline") = false, py::arg("fma") = false);
   m.def("mlp_unroll", &mlp_unroll,
         "Benchmark hook: actions.size(0) chained network steps without a "
         "tree. Returns the last latent.",
         py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
-        py::arg("value_eps"), py::arg("latent"), py::arg("actions"));
+        py::arg("value_eps"), py::arg("latent"), py::arg("actions"),
+        py::arg("fma") = false);
+  m.def("kernel_has_fma", &kernel_has_fma,
+        "Whether the fused searches' `fma=True` runs their FMA network path "
+        "on this CPU (x86 with AVX2 and FMA); elsewhere it runs the exact one.");
 }
 
 }  // namespace tree_ops

@@ -35,7 +35,7 @@ MZ_INLINE void write_logits_and_prior(const float* z, int64_t first,
 
 // Decision rows (idx[0..n)) -> chance nodes: afterstate dynamics, then the
 // afterstate prediction (sigma, Q).
-template <class V>
+template <class V, bool F>
 MZ_INLINE void afterstate_rows(const StochasticNet& net, StochasticScratch& sc,
                                int64_t n, const int64_t* idx,
                                const float* const* in, const int64_t* act,
@@ -52,23 +52,23 @@ MZ_INLINE void afterstate_rows(const StochasticNet& net, StochasticScratch& sc,
     extra[i] = net.action_rows.data() + a * net.as1.J;
   }
   rows_at(sc.hidden.data(), net.as1.J, n, y);
-  dense<V>(net.as1, n, x, extra, /*relu=*/true, y);
+  dense<V, F>(net.as1, n, x, extra, /*relu=*/true, y);
   for (int64_t i = 0; i < n; ++i) x[i] = y[i];
   rows_at(sc.raw.data(), net.as2.J, n, y);
-  dense<V>(net.as2, n, x, nullptr, false, y);
+  dense<V, F>(net.as2, n, x, nullptr, false, y);
   for (int64_t i = 0; i < n; ++i) {
     scale_latent_row(y[i], L, out[idx[i]]);
     x[i] = out[idx[i]];
   }
   rows_at(sc.trunks.data(), net.as_trunk.J, n, y);
-  dense<V>(net.as_trunk, n, x, nullptr, true, y);
+  dense<V, F>(net.as_trunk, n, x, nullptr, true, y);
   for (int64_t i = 0; i < n; ++i) x[i] = y[i];
   rows_at(sc.out_logits.data(), net.as_out.J, n, y);
-  dense<V>(net.as_out, n, x, nullptr, false, y);
+  dense<V, F>(net.as_out, n, x, nullptr, false, y);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = idx[i];
     const float* z = y[i];  // [sigma (C) | Q logits (V)]
-    value[s] = net.value_h(bin_expectation<V>(z + C, net.value_bins.data(), net.V));
+    value[s] = net.value_h(bin_expectation<V, F>(z + C, net.value_bins.data(), net.V));
     reward[s] = 0.0f;
     discount[s] = 1.0f;
     write_logits_and_prior(z, A, C, S, logits + s * S, prior + s * S);
@@ -77,7 +77,7 @@ MZ_INLINE void afterstate_rows(const StochasticNet& net, StochasticScratch& sc,
 
 // Chance rows (idx[0..n)) -> decision nodes: dynamics with the code's
 // column, then the reward head and the prediction.
-template <class V>
+template <class V, bool F>
 MZ_INLINE void chance_rows(const StochasticNet& net, StochasticScratch& sc,
                            int64_t n, const int64_t* idx,
                            const float* const* in, const int64_t* act,
@@ -95,32 +95,32 @@ MZ_INLINE void chance_rows(const StochasticNet& net, StochasticScratch& sc,
     extra[i] = net.code_rows.data() + c * net.dyn1.J;
   }
   rows_at(sc.hidden.data(), net.dyn1.J, n, y);
-  dense<V>(net.dyn1, n, x, extra, /*relu=*/true, y);
+  dense<V, F>(net.dyn1, n, x, extra, /*relu=*/true, y);
   for (int64_t i = 0; i < n; ++i) x[i] = y[i];
   rows_at(sc.raw.data(), net.dyn2.J, n, y);
-  dense<V>(net.dyn2, n, x, nullptr, false, y);
+  dense<V, F>(net.dyn2, n, x, nullptr, false, y);
   for (int64_t i = 0; i < n; ++i) {
     scale_latent_row(y[i], L, out[idx[i]]);
     x[i] = out[idx[i]];
   }
   rows_at(sc.trunks.data(), net.trunks.J, n, y);
-  dense<V>(net.trunks, n, x, nullptr, true, y);
+  dense<V, F>(net.trunks, n, x, nullptr, true, y);
   float* trunk[kGroup];
   for (int64_t i = 0; i < n; ++i) {
     trunk[i] = y[i];
     x[i] = y[i];
   }
   rows_at(sc.reward_logits.data(), net.reward_out.J, n, y);
-  dense<V>(net.reward_out, n, x, nullptr, false, y);
+  dense<V, F>(net.reward_out, n, x, nullptr, false, y);
   for (int64_t i = 0; i < n; ++i) x[i] = trunk[i] + net.hq_off;
   float* pred[kGroup];
   rows_at(sc.out_logits.data(), net.pred_out.J, n, pred);
-  dense<V>(net.pred_out, n, x, nullptr, false, pred);
+  dense<V, F>(net.pred_out, n, x, nullptr, false, pred);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = idx[i];
     const float* z = pred[i];  // [policy (A) | value logits (V)]
-    reward[s] = net.reward_h(bin_expectation<V>(y[i], net.reward_bins.data(), net.R));
-    value[s] = net.value_h(bin_expectation<V>(z + A, net.value_bins.data(), net.V));
+    reward[s] = net.reward_h(bin_expectation<V, F>(y[i], net.reward_bins.data(), net.R));
+    value[s] = net.value_h(bin_expectation<V, F>(z + A, net.value_bins.data(), net.V));
     discount[s] = gamma;
     write_logits_and_prior(z, 0, A, S, logits + s * S, prior + s * S);
   }
@@ -129,7 +129,7 @@ MZ_INLINE void chance_rows(const StochasticNet& net, StochasticScratch& sc,
 // Both kinds of step for one group: the rows are split by their parent's
 // kind (each row's arithmetic is independent of the others', so the split
 // changes no result).
-template <class V>
+template <class V, bool F>
 MZ_INLINE void stochastic_step_impl(const StochasticNet& net,
                                     StochasticScratch& sc, int64_t n,
                                     const float* const* in,
@@ -145,10 +145,10 @@ MZ_INLINE void stochastic_step_impl(const StochasticNet& net,
     else dec[nd++] = s;
   }
   if (nd > 0)
-    afterstate_rows<V>(net, sc, nd, dec, in, act, out, reward, value,
+    afterstate_rows<V, F>(net, sc, nd, dec, in, act, out, reward, value,
                        discount, logits, prior);
   if (nc > 0)
-    chance_rows<V>(net, sc, nc, cha, in, act, gamma, out, reward, value,
+    chance_rows<V, F>(net, sc, nc, cha, in, act, gamma, out, reward, value,
                    discount, logits, prior);
 }
 
@@ -271,20 +271,26 @@ StochasticScratch& stochastic_scratch(const StochasticNet& net) {
 namespace {
 
 void stochastic_step_baseline(MZ_STO_PARAMS) {
-  stochastic_step_impl<v4f>(MZ_STO_ARGS);
+  stochastic_step_impl<v4f, false>(MZ_STO_ARGS);
 }
 
 #ifdef MZ_X86_AVX2_PATH
 // The same templates compiled for AVX2 (see mlp_net.cpp).
 __attribute__((target("avx2"))) void stochastic_step_avx2(MZ_STO_PARAMS) {
-  stochastic_step_impl<v8f>(MZ_STO_ARGS);
+  stochastic_step_impl<v8f, false>(MZ_STO_ARGS);
+}
+
+// The opt-in FMA copy (see mlp_net.cpp).
+__attribute__((target("avx2,fma"))) void stochastic_step_fma(MZ_STO_PARAMS) {
+  stochastic_step_impl<v8f, true>(MZ_STO_ARGS);
 }
 #endif
 
 }  // namespace
 
-void stochastic_step(MZ_STO_PARAMS, bool baseline) {
+void stochastic_step(MZ_STO_PARAMS, bool baseline, bool fma) {
 #ifdef MZ_X86_AVX2_PATH
+  if (fma && cpu_has_avx2_fma()) return stochastic_step_fma(MZ_STO_ARGS);
   if (!baseline && cpu_has_avx2()) return stochastic_step_avx2(MZ_STO_ARGS);
 #endif
   stochastic_step_baseline(MZ_STO_ARGS);

@@ -52,7 +52,7 @@ struct StochasticNet {
 
 // Activation buffers of one group of rows (per thread, reused).
 struct StochasticScratch {
-  std::vector<float> hidden, raw, trunks, reward_logits, out_logits;
+  AlignedFloats hidden, raw, trunks, reward_logits, out_logits;  // 64-byte aligned rows
 };
 
 // weights: the 24 tensors of StochasticMuZeroMLPModel.fused_search_weights()
@@ -67,12 +67,14 @@ StochasticScratch& stochastic_scratch(const StochasticNet& net);
 // parent kinds is_chance[s], slots act[s] in [0, A + C); writes the new
 // latent to out[s] (L floats), reward[s], value[s], discount[s] (1 or
 // `gamma`), the prior logits [n, A + C] (-inf on the other kind's slots) and
-// the prior [n, A + C]. `baseline` forces the 4-wide build.
+// the prior [n, A + C]. `baseline` forces the 4-wide build, `fma` the FMA
+// copy where the CPU has it (as mlp_step).
 void stochastic_step(const StochasticNet& net, StochasticScratch& sc,
                      int64_t n, const float* const* in, const bool* is_chance,
                      const int64_t* act, float gamma, float* const* out,
                      float* reward, float* value, float* discount,
-                     float* logits, float* prior, bool baseline = false);
+                     float* logits, float* prior, bool baseline = false,
+                     bool fma = false);
 
 }  // namespace tree_ops
 

@@ -22,7 +22,7 @@ namespace {
 std::vector<at::Tensor> stochastic_recurrent(
     const std::vector<at::Tensor>& weights, double reward_eps,
     double value_eps, const at::Tensor& latent, const at::Tensor& is_chance,
-    const at::Tensor& action, double discount, bool baseline) {
+    const at::Tensor& action, double discount, bool baseline, bool fma) {
   const StochasticNet& net = pack_stochastic(weights, reward_eps, value_eps);
   const int64_t S = net.A + net.C;
   check_tensor(action, "action", at::kLong, 1);
@@ -55,7 +55,7 @@ std::vector<at::Tensor> stochastic_recurrent(
                     reward.data_ptr<float>() + g, value.data_ptr<float>() + g,
                     disc.data_ptr<float>() + g,
                     logits.data_ptr<float>() + g * S,
-                    prior.data_ptr<float>() + g * S, baseline);
+                    prior.data_ptr<float>() + g * S, baseline, fma);
   }
   return {next, reward, logits, value, prior, disc};
 }
@@ -78,7 +78,8 @@ void stochastic_search(
     double reward_eps, double value_eps, double discount,
     const std::string& root_rule, const std::vector<double>& root_params,
     const std::string& interior_rule,
-    const std::vector<double>& interior_params, const Extra& extra) {
+    const std::vector<double>& interior_params, const Extra& extra,
+    bool fma) {
   TreeArrays t = check_tree(visit_count, value_sum, children_index,
                             children_prior, children_reward,
                             children_discount, min_q, max_q);
@@ -128,7 +129,8 @@ void stochastic_search(
         },
         [&](int64_t rows) {
           stochastic_step(net, sc, rows, in, parent_chance, act, gamma, out,
-                          reward, value, disc, logits.data(), prior.data());
+                          reward, value, disc, logits.data(), prior.data(),
+                          /*baseline=*/false, fma);
         },
         [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
           kind[b * N + n] = !parent_chance[s];
@@ -148,20 +150,22 @@ void register_stochastic(pybind11::module_& m) {
         "Run every simulation of a Stochastic MuZero search for "
         "StochasticMuZeroMLPModel (one hidden layer) on a fresh tree whose "
         "root is initialised, in place, descending with the named root and "
-        "interior rules.",
+        "interior rules (`fma`: the opt-in FMA network path where the CPU "
+        "has it).",
         MZ_FUSED_TREE_PY_ARGS, py::arg("latent"), py::arg("is_chance"),
         py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
         py::arg("discount"), py::arg("root_rule"), py::arg("root_params"),
         py::arg("interior_rule"), py::arg("interior_params"),
-        py::arg("extra") = Extra{});
+        py::arg("extra") = Extra{}, py::arg("fma") = false);
   m.def("stochastic_recurrent", &stochastic_recurrent,
         "Test hook: the fused Stochastic MuZero search's network step "
         "(model.search_step) for a batch (`baseline`: force the 4-wide "
-        "build). Returns [new_latent, reward, logits, value, prior, "
-        "edge_discount].",
+        "build; `fma`: the FMA copy where the CPU has it). Returns "
+        "[new_latent, reward, logits, value, prior, edge_discount].",
         py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
         py::arg("latent"), py::arg("is_chance"), py::arg("action"),
-        py::arg("discount"), py::arg("baseline") = false);
+        py::arg("discount"), py::arg("baseline") = false,
+        py::arg("fma") = false);
 }
 
 }  // namespace tree_ops

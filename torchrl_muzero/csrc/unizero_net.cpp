@@ -67,7 +67,7 @@ MZ_INLINE void softmax_into(const float* z, int64_t n, float* out) {
 }
 
 // y rows = layer(x rows), both contiguous with the given strides.
-template <class V>
+template <class V, bool F>
 MZ_INLINE void dense_rows(const Dense& d, UzScratch& sc, int64_t m,
                           const float* x, int64_t xs, float* y, int64_t ys) {
   static thread_local std::vector<const float*> pin;
@@ -78,7 +78,7 @@ MZ_INLINE void dense_rows(const Dense& d, UzScratch& sc, int64_t m,
     pin[r] = x + r * xs;
     pout[r] = y + r * ys;
   }
-  dense<V>(d, m, pin.data(), nullptr, false, pout.data());
+  dense<V, F>(d, m, pin.data(), nullptr, false, pout.data());
 }
 
 // a . b over n (a multiple of 8) floats as 8 partial sums (element i to
@@ -107,7 +107,7 @@ struct Pass {
 // The pre-LN blocks over m token rows, layer by layer (so a token may read
 // the K/V of a token of the same pass written at this layer: the full
 // forward of recompute and rebuild).
-template <class V>
+template <class V, bool F>
 MZ_INLINE void blocks(const UzNet& net, UzScratch& sc, int64_t m, const Pass& p) {
   constexpr int W = Lanes<V>::W;
   const int64_t E = net.E, EP = round_up16(E), Dh = net.Dh, half = Dh / 2;
@@ -118,7 +118,7 @@ MZ_INLINE void blocks(const UzNet& net, UzScratch& sc, int64_t m, const Pass& p)
     for (int64_t r = 0; r < m; ++r)
       layer_norm(sc.x.data() + r * EP, E, ly.ln1_w.data(), ly.ln1_b.data(), net.ln_eps,
                  sc.a.data() + r * EP);
-    dense_rows<V>(ly.qkv, sc, m, sc.a.data(), EP, sc.qkv.data(), J3);
+    dense_rows<V, F>(ly.qkv, sc, m, sc.a.data(), EP, sc.qkv.data(), J3);
     for (int64_t r = 0; r < m; ++r) {
       float* q = sc.qkv.data() + r * J3;
       if (net.rope) {
@@ -158,15 +158,15 @@ MZ_INLINE void blocks(const UzNet& net, UzScratch& sc, int64_t m, const Pass& p)
         }
       }
     }
-    dense_rows<V>(ly.proj, sc, m, sc.att.data(), EP, sc.out1.data(), ly.proj.J);
+    dense_rows<V, F>(ly.proj, sc, m, sc.att.data(), EP, sc.out1.data(), ly.proj.J);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t i = 0; i < E; ++i) sc.x[r * EP + i] += sc.out1[r * ly.proj.J + i];
     for (int64_t r = 0; r < m; ++r)
       layer_norm(sc.x.data() + r * EP, E, ly.ln2_w.data(), ly.ln2_b.data(), net.ln_eps,
                  sc.a.data() + r * EP);
-    dense_rows<V>(ly.fc1, sc, m, sc.a.data(), EP, sc.hid.data(), ly.fc1.J);
+    dense_rows<V, F>(ly.fc1, sc, m, sc.a.data(), EP, sc.hid.data(), ly.fc1.J);
     gelu_rows<V>(sc.hid.data(), m, ly.fc1.J, ly.fc1.J);
-    dense_rows<V>(ly.fc2, sc, m, sc.hid.data(), ly.fc1.J, sc.out1.data(), ly.fc2.J);
+    dense_rows<V, F>(ly.fc2, sc, m, sc.hid.data(), ly.fc1.J, sc.out1.data(), ly.fc2.J);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t i = 0; i < E; ++i) sc.x[r * EP + i] += sc.out1[r * ly.fc2.J + i];
   }
@@ -185,7 +185,7 @@ MZ_INLINE void context_token(const UzNet& net, const float* lat, const int64_t* 
 
 // A full causal forward over the first T tokens of a context, K/V into
 // kv_base [T, slot]; the residual stream of every token is left in sc.x.
-template <class V>
+template <class V, bool F>
 MZ_INLINE void full_forward(const UzNet& net, UzScratch& sc, const float* lat,
                             const int64_t* act, int64_t T, float* kv_base) {
   const int64_t EP = round_up16(net.E), SF = net.slot_floats();
@@ -202,13 +202,13 @@ MZ_INLINE void full_forward(const UzNet& net, UzScratch& sc, const float* lat,
     sc.table[t] = kv_base + t * SF;
     table[t] = sc.table.data();
   }
-  blocks<V>(net, sc, T, Pass{slot.data(), kv_out.data(), table.data()});
+  blocks<V, F>(net, sc, T, Pass{slot.data(), kv_out.data(), table.data()});
 }
 
 // One new token per tree row (cache mode) or one full forward per row
 // (recompute), then the final LayerNorm of each row's new token into sc.h.
 // `inputs[s]` is the new token (E floats) of row s; lp[s] its slot.
-template <class V>
+template <class V, bool F>
 MZ_INLINE void token_pass(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows,
                           bool cache, const int64_t* lp, const float* const* inputs) {
   const int64_t E = net.E, EP = round_up16(E), SF = net.slot_floats();
@@ -226,7 +226,7 @@ MZ_INLINE void token_pass(const UzNet& net, UzScratch& sc, int64_t n, UzRows& ro
       rows.slots[s][lp[s]] = kv_out[s];
       table[s] = rows.slots[s];
     }
-    blocks<V>(net, sc, n, Pass{slot, kv_out, table});
+    blocks<V, F>(net, sc, n, Pass{slot, kv_out, table});
     for (int64_t s = 0; s < n; ++s)
       layer_norm(sc.x.data() + s * EP, E, net.lnf_w.data(), net.lnf_b.data(), net.ln_eps,
                  sc.h.data() + s * EP);
@@ -234,7 +234,7 @@ MZ_INLINE void token_pass(const UzNet& net, UzScratch& sc, int64_t n, UzRows& ro
   }
   for (int64_t s = 0; s < n; ++s) {  // the context already holds the new token
     const int64_t T = lp[s] + 1;
-    full_forward<V>(net, sc, rows.c_latents[s], rows.c_actions[s], T, sc.kv.data());
+    full_forward<V, F>(net, sc, rows.c_latents[s], rows.c_actions[s], T, sc.kv.data());
     layer_norm(sc.x.data() + (T - 1) * EP, E, net.lnf_w.data(), net.lnf_b.data(), net.ln_eps,
                sc.h.data() + s * EP);
   }
@@ -242,17 +242,17 @@ MZ_INLINE void token_pass(const UzNet& net, UzScratch& sc, int64_t n, UzRows& ro
 
 // The two heads read at one token: a shared first layer of GELU units
 // (trunk), then out1 = first head (rows of sc.out1), out2 = second (sc.out2).
-template <class V>
+template <class V, bool F>
 MZ_INLINE void heads(const Dense& trunk, const Dense& first, const Dense& second,
                      UzScratch& sc, int64_t n, int64_t EP) {
-  dense_rows<V>(trunk, sc, n, sc.h.data(), EP, sc.trunk.data(), trunk.J);
+  dense_rows<V, F>(trunk, sc, n, sc.h.data(), EP, sc.trunk.data(), trunk.J);
   gelu_rows<V>(sc.trunk.data(), n, trunk.J, trunk.J);
-  dense_rows<V>(first, sc, n, sc.trunk.data(), trunk.J, sc.out1.data(), first.J);
-  dense_rows<V>(second, sc, n, sc.trunk.data() + round_up16(first.K), trunk.J,
+  dense_rows<V, F>(first, sc, n, sc.trunk.data(), trunk.J, sc.out1.data(), first.J);
+  dense_rows<V, F>(second, sc, n, sc.trunk.data() + round_up16(first.K), trunk.J,
                 sc.out2.data(), second.J);
 }
 
-template <class V>
+template <class V, bool F>
 MZ_INLINE void uz_step_impl(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows,
                             bool cache, float* logits, float* prior) {
   const int64_t E = net.E, EP = round_up16(E), MB = net.MB, A = net.A, SF = net.slot_floats();
@@ -281,14 +281,14 @@ MZ_INLINE void uz_step_impl(const UzNet& net, UzScratch& sc, int64_t n, UzRows& 
     rows.c_length[s] = len + 2;
     if (cache && rows.slid[s]) {  // the window's K/V, exact: a full forward from slot 0
       std::fill(rows.c_kv[s], rows.c_kv[s] + net.MT * SF, 0.0f);
-      full_forward<V>(net, sc, cl, ca, len, rows.c_kv[s]);
+      full_forward<V, F>(net, sc, cl, ca, len, rows.c_kv[s]);
       for (int64_t i = 0; i < len; ++i) rows.slots[s][i] = rows.c_kv[s] + i * SF;
     }
     inputs[s] = net.action_emb.data() + rows.action[s] * E;
   }
   // The action token: reward and next latent.
-  token_pass<V>(net, sc, n, rows, cache, lp, inputs);
-  heads<V>(net.act_trunk, net.latent_out, net.reward_out, sc, n, EP);
+  token_pass<V, F>(net, sc, n, rows, cache, lp, inputs);
+  heads<V, F>(net.act_trunk, net.latent_out, net.reward_out, sc, n, EP);
   for (int64_t s = 0; s < n; ++s) {
     const float* raw = sc.out1.data() + s * net.latent_out.J;
     float* next = rows.c_latents[s] + ((lp[s] + 1) / 2) * E;
@@ -297,58 +297,66 @@ MZ_INLINE void uz_step_impl(const UzNet& net, UzScratch& sc, int64_t n, UzRows& 
     } else {
       layer_norm(raw, E, net.norm_w.data(), net.norm_b.data(), net.norm_eps, next);
     }
-    rows.reward[s] = net.reward_h(bin_expectation<V>(sc.out2.data() + s * net.reward_out.J,
+    rows.reward[s] = net.reward_h(bin_expectation<V, F>(sc.out2.data() + s * net.reward_out.J,
                                                      net.reward_bins.data(), net.R));
     inputs[s] = next;
     lp[s] += 1;
   }
   // The predicted latent token: policy and value.
-  token_pass<V>(net, sc, n, rows, cache, lp, inputs);
-  heads<V>(net.lat_trunk, net.policy_out, net.value_out, sc, n, EP);
+  token_pass<V, F>(net, sc, n, rows, cache, lp, inputs);
+  heads<V, F>(net.lat_trunk, net.policy_out, net.value_out, sc, n, EP);
   for (int64_t s = 0; s < n; ++s) {
     const float* lg = sc.out1.data() + s * net.policy_out.J;
     std::copy_n(lg, A, logits + s * A);
     softmax_into(lg, A, prior + s * A);
-    rows.value[s] = net.value_h(bin_expectation<V>(sc.out2.data() + s * net.value_out.J,
+    rows.value[s] = net.value_h(bin_expectation<V, F>(sc.out2.data() + s * net.value_out.J,
                                                    net.value_bins.data(), net.V));
   }
 }
 
-template <class V>
+template <class V, bool F>
 MZ_INLINE void uz_root_impl(const UzNet& net, UzScratch& sc, const float* lat, const int64_t* act,
                             int64_t T, float* kv, float* logits, float* value) {
   const int64_t EP = round_up16(net.E);
-  full_forward<V>(net, sc, lat, act, T, kv != nullptr ? kv : sc.kv.data());
+  full_forward<V, F>(net, sc, lat, act, T, kv != nullptr ? kv : sc.kv.data());
   layer_norm(sc.x.data() + (T - 1) * EP, net.E, net.lnf_w.data(), net.lnf_b.data(), net.ln_eps,
              sc.h.data());
-  heads<V>(net.lat_trunk, net.policy_out, net.value_out, sc, 1, EP);
+  heads<V, F>(net.lat_trunk, net.policy_out, net.value_out, sc, 1, EP);
   std::copy_n(sc.out1.data(), net.A, logits);
-  *value = net.value_h(bin_expectation<V>(sc.out2.data(), net.value_bins.data(), net.V));
+  *value = net.value_h(bin_expectation<V, F>(sc.out2.data(), net.value_bins.data(), net.V));
 }
 
 void uz_root_baseline(const UzNet& net, UzScratch& sc, const float* lat, const int64_t* act,
                       int64_t T, float* kv, float* logits, float* value) {
-  uz_root_impl<v4f>(net, sc, lat, act, T, kv, logits, value);
+  uz_root_impl<v4f, false>(net, sc, lat, act, T, kv, logits, value);
 }
 
 #ifdef MZ_X86_AVX2_PATH
 __attribute__((target("avx2"))) void uz_root_avx2(const UzNet& net, UzScratch& sc,
                                                   const float* lat, const int64_t* act, int64_t T,
                                                   float* kv, float* logits, float* value) {
-  uz_root_impl<v8f>(net, sc, lat, act, T, kv, logits, value);
+  uz_root_impl<v8f, false>(net, sc, lat, act, T, kv, logits, value);
 }
 #endif
 
 void uz_step_baseline(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows, bool cache,
                       float* logits, float* prior) {
-  uz_step_impl<v4f>(net, sc, n, rows, cache, logits, prior);
+  uz_step_impl<v4f, false>(net, sc, n, rows, cache, logits, prior);
 }
 
 #ifdef MZ_X86_AVX2_PATH
 __attribute__((target("avx2"))) void uz_step_avx2(const UzNet& net, UzScratch& sc, int64_t n,
                                                   UzRows& rows, bool cache, float* logits,
                                                   float* prior) {
-  uz_step_impl<v8f>(net, sc, n, rows, cache, logits, prior);
+  uz_step_impl<v8f, false>(net, sc, n, rows, cache, logits, prior);
+}
+
+// The opt-in FMA copy (see mlp_net.cpp): the linear layers and the decodes
+// fused; attention, LayerNorm, GELU and SimNorm stay the exact path's.
+__attribute__((target("avx2,fma"))) void uz_step_fma(const UzNet& net, UzScratch& sc, int64_t n,
+                                                     UzRows& rows, bool cache, float* logits,
+                                                     float* prior) {
+  uz_step_impl<v8f, true>(net, sc, n, rows, cache, logits, prior);
 }
 #endif
 
@@ -529,8 +537,9 @@ UzScratch& thread_uz_scratch(const UzNet& net) {
 }
 
 void uz_step(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows, bool cache,
-             float* logits, float* prior, bool baseline) {
+             float* logits, float* prior, bool baseline, bool fma) {
 #ifdef MZ_X86_AVX2_PATH
+  if (fma && cpu_has_avx2_fma()) return uz_step_fma(net, sc, n, rows, cache, logits, prior);
   if (!baseline && cpu_has_avx2()) return uz_step_avx2(net, sc, n, rows, cache, logits, prior);
 #endif
   uz_step_baseline(net, sc, n, rows, cache, logits, prior);

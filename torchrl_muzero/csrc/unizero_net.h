@@ -115,7 +115,8 @@ UzScratch& thread_uz_scratch(const UzNet& net);
 // the children's latents / actions (and own K/V slots), c_length, slid,
 // reward, value, the policy logits [n, A] and the prior [n, A].
 void uz_step(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows,
-             bool cache, float* logits, float* prior, bool baseline = false);
+             bool cache, float* logits, float* prior, bool baseline = false,
+             bool fma = false);
 
 // The root (model.root_from_latents after the packing): a full forward over
 // the first `length` tokens of one context, K/V into kv [MT, slot] when not

@@ -59,7 +59,7 @@ std::vector<at::Tensor> unizero_recurrent(
     const std::vector<at::Tensor>& weights, const std::vector<int64_t>& ints,
     const std::vector<double>& floats, const at::Tensor& latents, const at::Tensor& actions,
     const at::Tensor& length, const c10::optional<at::Tensor>& kv, const at::Tensor& action,
-    bool baseline) {
+    bool baseline, bool fma) {
   const UzNet& net = pack_unizero(weights, ints, floats);
   check_tensor(action, "action", at::kLong, 1);
   const int64_t B = action.size(0);
@@ -98,7 +98,7 @@ std::vector<at::Tensor> unizero_recurrent(
         for (int64_t i = 0; i < in.length[b]; ++i) rows.slots[s][i] = rows.c_kv[s] + i * SF;
     }
     uz_step(net, sc, n, rows, cache, logits.data_ptr<float>() + g * A,
-            prior.data_ptr<float>() + g * A, baseline);
+            prior.data_ptr<float>() + g * A, baseline, fma);
     for (int64_t s = 0; s < n; ++s) {
       out_len.data_ptr<int64_t>()[g + s] = rows.c_length[s];
       reward.data_ptr<float>()[g + s] = rows.reward[s];
@@ -152,7 +152,8 @@ void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
                     const std::vector<int64_t>& ints, const std::vector<double>& floats,
                     const std::string& root_rule, const std::vector<double>& root_params,
                     const std::string& interior_rule,
-                    const std::vector<double>& interior_params, const Extra& extra) {
+                    const std::vector<double>& interior_params, const Extra& extra,
+                    bool fma) {
   TreeArrays t = check_tree(visit_count, value_sum, children_index, children_prior,
                             children_reward, children_discount, min_q, max_q);
   check_links(t, parent, action_from_parent);
@@ -204,7 +205,7 @@ void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
           }
         },
         [&](int64_t count) {
-          uz_step(net, sc, count, rows, cache, logits.data(), prior.data());
+          uz_step(net, sc, count, rows, cache, logits.data(), prior.data(), /*baseline=*/false, fma);
         },
         [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
           const int64_t to = b * N + n;
@@ -233,12 +234,13 @@ void register_unizero(pybind11::module_& m) {
   m.def("unizero_search", &unizero_search,
         "Run every simulation of a search for UniZeroModel (transformer world model; with `kv`, "
         "the exact per-node KV cache, else a full recompute per step) on a fresh tree whose "
-        "root is initialised, in place, descending with the named rules.",
+        "root is initialised, in place, descending with the named rules (`fma`: the opt-in "
+        "FMA path of the expansions' linear layers and decodes where the CPU has it).",
         MZ_FUSED_TREE_PY_ARGS,
         py::arg("latents"), py::arg("actions"), py::arg("length"), py::arg("kv"),
         py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("root_rule"),
         py::arg("root_params"), py::arg("interior_rule"), py::arg("interior_params"),
-        py::arg("extra") = Extra{});
+        py::arg("extra") = Extra{}, py::arg("fma") = false);
   m.def("unizero_root", &unizero_root,
         "The roots of UniZeroModel.root_from_latents (a full forward over each packed window; "
         "`kv` None: no cache). Returns [policy_logits, value].",
@@ -246,11 +248,12 @@ void register_unizero(pybind11::module_& m) {
         py::arg("actions"), py::arg("length"), py::arg("kv"), py::arg("baseline") = false);
   m.def("unizero_recurrent", &unizero_recurrent,
         "Test hook: the fused UniZero search's network step (search_step) for a batch of "
-        "states (`kv` None: recompute mode; `baseline`: force the 4-wide build). Returns "
+        "states (`kv` None: recompute mode; `baseline`: force the 4-wide build; `fma`: the "
+        "FMA copy where the CPU has it). Returns "
         "[latents, actions, length, kv, reward, policy_logits, value, prior].",
         py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("latents"),
         py::arg("actions"), py::arg("length"), py::arg("kv"), py::arg("action"),
-        py::arg("baseline") = false);
+        py::arg("baseline") = false, py::arg("fma") = false);
 }
 
 }  // namespace tree_ops

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 from types import ModuleType
 
 import torch
@@ -47,6 +48,7 @@ __all__ = [
     "bind_cpp_search",
     "has_gumbel_readout",
     "cpp_gumbel_readout",
+    "fma_available",
 ]
 
 # Must equal kTreeOpsVersion in csrc/tree_common.h: an in-place build left over
@@ -328,6 +330,38 @@ def _fused_rule_arguments(tree: Tree, root_rule, interior_rule) -> tuple:
     return root_name, root_params, interior_name, interior_params, _extra(tree, root_rule, interior_rule)
 
 
+def fma_available(ops: ModuleType | None = None) -> bool:
+    """Whether the kernel ``ops`` (default: the loaded one) runs its FMA network path on this CPU.
+
+    True on x86 with AVX2 and FMA for a kernel built with the path
+    (``kernel_precision="fma"`` of :class:`~torchrl_muzero.mcts.MCTSConfig`).
+    """
+    ops = load_tree_ops() if ops is None else ops
+    has = getattr(ops, "kernel_has_fma", None)
+    return bool(has is not None and has())
+
+
+_fma_fallback_warned = False
+
+
+def _precision_kwargs(precision: str) -> dict:
+    """The fused kernels' keyword for ``kernel_precision``: ``{"fma": True}`` or nothing.
+
+    ``"fma"`` where the kernel cannot run it (no AVX2 + FMA, or a kernel built
+    before the path) falls back to the exact path, with one warning per process.
+    """
+    global _fma_fallback_warned
+    if precision != "fma":
+        return {}
+    if fma_available():
+        return {"fma": True}
+    if not _fma_fallback_warned:
+        _fma_fallback_warned = True
+        warnings.warn("kernel_precision='fma': this CPU (or the loaded C++ kernel) has no AVX2 + FMA path; "
+                      "the fused search runs the exact path.", RuntimeWarning, stacklevel=3)
+    return {}
+
+
 def _fused_kernel(name: str, what: str):
     ops = _require()
     if not hasattr(ops, name):
@@ -336,7 +370,13 @@ def _fused_kernel(name: str, what: str):
 
 
 def cpp_mlp_search(
-    tree: Tree, weights: list[torch.Tensor], reward_eps: float, value_eps: float, root_rule, interior_rule
+    tree: Tree,
+    weights: list[torch.Tensor],
+    reward_eps: float,
+    value_eps: float,
+    root_rule,
+    interior_rule,
+    precision: str = "exact",
 ) -> None:
     """Every simulation of a search for ``MuZeroMLPModel`` (one hidden layer) in one C++ call, in place.
 
@@ -345,12 +385,14 @@ def cpp_mlp_search(
     value_eps`` are ``model.fused_search_weights()``. Simulation ``s`` creates
     node ``s + 1``: its latent, raw value, prior logits and prior are written
     as the loop writes them, its edge keeps ``tree.children_discount``. The
-    rules are taken as by :func:`cpp_select`. Raises ``RuntimeError`` if the
-    kernel was built without the fused search.
+    rules are taken as by :func:`cpp_select`. ``precision`` is
+    ``MCTSConfig.kernel_precision`` (``"fma"``: the network's FMA path where
+    the CPU has it). Raises ``RuntimeError`` if the kernel was built without
+    the fused search.
     """
     _fused_kernel("mlp_search", "MLP")(
         *_fused_tree_arrays(tree), tree.embeddings, weights, float(reward_eps), float(value_eps),
-        *_fused_rule_arguments(tree, root_rule, interior_rule),
+        *_fused_rule_arguments(tree, root_rule, interior_rule), **_precision_kwargs(precision),
     )
 
 
@@ -362,6 +404,7 @@ def cpp_stochastic_search(
     discount: float,
     root_rule,
     interior_rule,
+    precision: str = "exact",
 ) -> None:
     """Every simulation of a Stochastic MuZero search for ``StochasticMuZeroMLPModel`` in one C++ call, in place.
 
@@ -372,13 +415,14 @@ def cpp_stochastic_search(
     decision-to-chance ones get 1, as ``model.search_step`` gives them).
     Simulation ``s`` creates node ``s + 1`` and writes its latent, node kind,
     raw value, prior logits and prior as the loop writes them. The rules are
-    taken as by :func:`cpp_select` (``"is_chance"`` is the node state's).
-    Raises ``RuntimeError`` if the kernel was built without it.
+    taken as by :func:`cpp_select` (``"is_chance"`` is the node state's),
+    ``precision`` as by :func:`cpp_mlp_search`. Raises ``RuntimeError`` if
+    the kernel was built without it.
     """
     _fused_kernel("stochastic_search", "Stochastic MuZero")(
         *_fused_tree_arrays(tree), tree.embeddings.get("latent"), tree.embeddings.get("is_chance"), weights,
         float(reward_eps), float(value_eps), float(discount),
-        *_fused_rule_arguments(tree, root_rule, interior_rule),
+        *_fused_rule_arguments(tree, root_rule, interior_rule), **_precision_kwargs(precision),
     )
 
 
@@ -386,7 +430,7 @@ def cpp_stochastic_search(
 EZ_STATE_KEYS = ("latent", "lstm_h", "lstm_c", "value_prefix", "steps")
 
 
-def cpp_ez_search(tree: Tree, fused: tuple, root_rule, interior_rule) -> None:
+def cpp_ez_search(tree: Tree, fused: tuple, root_rule, interior_rule, precision: str = "exact") -> None:
     """Every simulation of a search for ``EfficientZeroMLPModel`` (one hidden layer) in one C++ call, in place.
 
     As :func:`cpp_mlp_search`, for the value-prefix model: ``fused`` is
@@ -395,17 +439,18 @@ def cpp_ez_search(tree: Tree, fused: tuple, root_rule, interior_rule) -> None:
     :data:`EZ_STATE_KEYS`, contiguous), which the kernel fills for every new
     node as ``search_step`` would (LSTM state and prefix reset every
     ``lstm_horizon_len`` steps). The edge reward is the prefix difference.
-    Raises ``RuntimeError`` if the kernel was built without it.
+    ``precision`` as by :func:`cpp_mlp_search` (the LSTM cell and LayerNorm
+    stay exact). Raises ``RuntimeError`` if the kernel was built without it.
     """
     tensors, reward_eps, value_eps, ln_eps, horizon = fused
     _fused_kernel("ez_search", "EfficientZero")(
         *_fused_tree_arrays(tree), *(tree.embeddings.get(key) for key in EZ_STATE_KEYS), tensors,
         float(reward_eps), float(value_eps), float(ln_eps), int(horizon),
-        *_fused_rule_arguments(tree, root_rule, interior_rule),
+        *_fused_rule_arguments(tree, root_rule, interior_rule), **_precision_kwargs(precision),
     )
 
 
-def cpp_unizero_search(tree: Tree, fused: tuple, root_rule, interior_rule) -> None:
+def cpp_unizero_search(tree: Tree, fused: tuple, root_rule, interior_rule, precision: str = "exact") -> None:
     """Every simulation of a search for ``UniZeroModel`` in one C++ call, in place.
 
     As :func:`cpp_ez_search`, for the transformer world model: ``fused`` is
@@ -415,14 +460,16 @@ def cpp_unizero_search(tree: Tree, fused: tuple, root_rule, interior_rule) -> No
     contiguous), which the kernel fills for every new node as
     ``search_step`` would. With ``kv`` each new token attends to the cached
     keys/values of its ancestors (found through the parent links), else the
-    node's whole context is recomputed at every expansion.
+    node's whole context is recomputed at every expansion. ``precision`` as
+    by :func:`cpp_mlp_search`, for the expansions' linear layers and decodes
+    (the root's window forward, attention and norms stay exact).
     """
     tensors, ints, floats = fused
     emb = tree.embeddings
     _fused_kernel("unizero_search", "UniZero")(
         *_fused_tree_arrays(tree), emb.get("latents"), emb.get("actions"), emb.get("length"),
         emb.get("kv") if "kv" in emb.keys() else None, tensors, ints, floats,
-        *_fused_rule_arguments(tree, root_rule, interior_rule),
+        *_fused_rule_arguments(tree, root_rule, interior_rule), **_precision_kwargs(precision),
     )
 
 

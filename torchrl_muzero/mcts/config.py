@@ -6,6 +6,7 @@ from dataclasses import dataclass
 __all__ = ["MCTSConfig"]
 
 _BACKENDS = ("auto", "torch", "cpp")
+_KERNEL_PRECISIONS = ("exact", "fma")
 
 
 @dataclass
@@ -24,11 +25,28 @@ class MCTSConfig:
         backend: ``"cpp"`` runs the tree bookkeeping in the C++ kernel (CPU
             only), ``"torch"`` in batched tensor ops (any device), ``"auto"``
             takes the kernel when it is built and the tree lives on the CPU.
+        kernel_precision: arithmetic of the fused C++ searches' network
+            (MuZero / Gumbel / EfficientZero / Stochastic MuZero MLPs,
+            UniZero's expansions). ``"exact"`` (default): products rounded
+            before their sums, fixed order, so results are bit-identical on
+            every CPU and vector width. ``"fma"``: fused multiply-adds in the
+            linear layers and the support decodes, ~1.1-1.3x faster network
+            on x86 with AVX2 + FMA; results still independent of the batch
+            size, but a few float32 ulps from the exact path (near-tied
+            choices can differ). On a CPU without FMA, or a kernel built
+            without it, ``"fma"`` runs the exact path and warns once. Other
+            paths (``backend="torch"``, the per-simulation C++ loop) ignore it.
 
     Examples:
         >>> from torchrl_muzero.mcts import MCTSConfig
         >>> MCTSConfig(num_simulations=25, temperature=0.0).num_simulations
         25
+        >>> MCTSConfig(kernel_precision="fma").kernel_precision
+        'fma'
+        >>> MCTSConfig(kernel_precision="fast")
+        Traceback (most recent call last):
+            ...
+        ValueError: MCTSConfig.kernel_precision must be one of ('exact', 'fma'), got 'fast'.
     """
 
     num_simulations: int = 50
@@ -39,6 +57,7 @@ class MCTSConfig:
     dirichlet_fraction: float = 0.25
     temperature: float = 1.0
     backend: str = "auto"
+    kernel_precision: str = "exact"
 
     def __post_init__(self) -> None:
         if int(self.num_simulations) < 1:
@@ -57,4 +76,8 @@ class MCTSConfig:
             raise ValueError(f"MCTSConfig.temperature must be >= 0, got {self.temperature}.")
         if self.backend not in _BACKENDS:
             raise ValueError(f"MCTSConfig.backend must be one of {_BACKENDS}, got {self.backend!r}.")
+        if self.kernel_precision not in _KERNEL_PRECISIONS:
+            raise ValueError(
+                f"MCTSConfig.kernel_precision must be one of {_KERNEL_PRECISIONS}, got {self.kernel_precision!r}."
+            )
         self.num_simulations = int(self.num_simulations)

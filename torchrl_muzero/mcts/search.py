@@ -213,15 +213,16 @@ def run_rules(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, d
         fused = _fused_mlp_weights(model, ops, tree)
         if fused is not None:
             tensors, reward_eps, value_eps = fused
-            _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule)
+            _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule,
+                                config.kernel_precision)
             return True
         fused = _fused_value_prefix_weights(model, ops, tree)
         if fused is not None:
-            _cpp.cpp_ez_search(tree, fused, root_rule, interior_rule)
+            _cpp.cpp_ez_search(tree, fused, root_rule, interior_rule, config.kernel_precision)
             return True
         fused = _fused_unizero_weights(model, ops, tree)
         if fused is not None:
-            _cpp.cpp_unizero_search(tree, fused, root_rule, interior_rule)
+            _cpp.cpp_unizero_search(tree, fused, root_rule, interior_rule, config.kernel_precision)
             return True
     run_search(tree, step_of(model), config.num_simulations, root_rule, interior_rule, discount, ops)
     return False

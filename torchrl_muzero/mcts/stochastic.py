@@ -223,7 +223,8 @@ def stochastic_muzero_search(
     fused = _fused_stochastic_weights(model, ops, tree)
     if fused is not None:  # every simulation in one C++ call (select, network, expand, backup)
         tensors, reward_eps, value_eps = fused
-        _cpp.cpp_stochastic_search(tree, tensors, reward_eps, value_eps, config.discount, decision, interior)
+        _cpp.cpp_stochastic_search(tree, tensors, reward_eps, value_eps, config.discount, decision, interior,
+                                   config.kernel_precision)
     else:
         step = functools.partial(model.search_step, discount=config.discount)
         run_search(tree, step, config.num_simulations, decision, interior, config.discount, ops)

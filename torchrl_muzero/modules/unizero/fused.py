@@ -184,11 +184,13 @@ def fused_root(model, state: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor
     return logits, value
 
 
-def fused_search_step(model, state: TensorDictBase, action: torch.Tensor, baseline: bool = False) -> ModelStep:
+def fused_search_step(model, state: TensorDictBase, action: torch.Tensor, baseline: bool = False,
+                      fma: bool = False) -> ModelStep:
     """The C++ kernel's :meth:`UniZeroModel.search_step` on a batch of node states (the test hook).
 
     The cache mode when ``model.kv_cache`` (``state`` holds ``"kv"``), else
-    the recompute mode. ``baseline`` forces the kernel's 4-wide build.
+    the recompute mode. ``baseline`` forces the kernel's 4-wide build,
+    ``fma`` its FMA copy (where the CPU has AVX2 + FMA; ``kernel_precision``).
     Raises ``RuntimeError`` if the kernel or this model is not supported.
     """
     fused = fused_unizero_weights(model)
@@ -200,7 +202,7 @@ def fused_search_step(model, state: TensorDictBase, action: torch.Tensor, baseli
     kv = state["kv"].contiguous() if model.kv_cache else None
     latents, actions, length, kv, reward, logits, value, _ = kernel(
         *fused, state["latents"].contiguous(), state["actions"].contiguous(),
-        state["length"].contiguous(), kv, action.long().contiguous(), baseline,
+        state["length"].contiguous(), kv, action.long().contiguous(), baseline, **({"fma": True} if fma else {}),
     )
     child = TensorDict({"latents": latents, "actions": actions, "length": length}, [length.shape[0]])
     if model.kv_cache:
