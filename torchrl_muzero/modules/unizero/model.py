@@ -83,7 +83,7 @@ from torchrl_muzero.modules.model import MuZeroModel
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport
 from torchrl_muzero.modules.unizero.encoder import MLPEncoder
-from torchrl_muzero.modules.unizero.fused import fused_root, fused_unizero_weights
+from torchrl_muzero.modules.unizero.fused import fused_root_from_leaves, fused_unizero_weights
 from torchrl_muzero.modules.unizero.norm import make_latent_norm
 from torchrl_muzero.modules.unizero.transformer import CausalTransformer
 
@@ -413,10 +413,12 @@ class UniZeroModel(nn.Module):
                 state_actions[:, :K] = torch.where(steps[None, :K] < (n - 1)[:, None], packed_actions, -1)
             length = 2 * n - 1
         leaves = {"latents": state_latents, "actions": state_actions, "length": length}
-        if self.kv_cache:
-            leaves["kv"] = self.transformer.empty_cache(B)
+        kv = leaves["kv"] = self.transformer.empty_cache(B) if self.kv_cache else None
+        if kv is None:
+            del leaves["kv"]
         state = TensorDict(leaves, [B])
-        fused = fused_root(self, state)  # the same forward in one C++ call when the kernel runs this model
+        # the same forward in one C++ call when the kernel runs this model
+        fused = fused_root_from_leaves(self, state_latents, state_actions, length, kv)
         if fused is not None:
             policy_logits, value = fused
             return ModelStep(state, torch.zeros_like(value), policy_logits, value)
