@@ -213,7 +213,7 @@ def test_fused_root_equals_the_torch_root(kv_cache, monkeypatch):
 
     model = _model(kv_cache, "absolute", "layernorm")
     fused = _root(model, 5)
-    monkeypatch.setattr(model_module, "fused_root", lambda *args: None)
+    monkeypatch.setattr(model_module, "fused_root_from_leaves", lambda *args: None)
     ref = _root(model, 5)
     for key in ref.state.keys():
         _close(fused.state[key], ref.state[key], key)
@@ -263,3 +263,51 @@ def test_weights_written_without_a_version_bump_are_used_by_the_next_search(writ
     after, ref = _search(model, root, "cpp", add_noise=False), _search(model, root, "torch", add_noise=False)
     assert not torch.equal(after.root_value, before.root_value)
     _close(after.root_value, ref.root_value, "root value after the write", atol=1e-3, rtol=1e-4)
+
+
+def test_cached_fused_weights_follow_changes_to_the_model():
+    """fused_unizero_weights keeps its answer between calls; any change the kernel must see drops it.
+
+    (A swapped parameter-free module went unseen while the cache was keyed on storages alone.)
+    """
+    import gc
+    import weakref
+
+    from torch import nn
+
+    from torchrl_muzero.modules.unizero import fused as fused_module
+
+    def changed(model, change):
+        first = fused_unizero_weights(model)
+        assert fused_unizero_weights(model) is first  # unchanged model: the cached tensors
+        change(model)
+        return fused_unizero_weights(model) is not first
+
+    def data(m):  # a new storage behind the same Parameter object
+        m.value_head[2].weight.data = m.value_head[2].weight.data.clone()
+
+    def parameter(m):
+        m.policy_head[0].bias = nn.Parameter(m.policy_head[0].bias.detach().clone())
+
+    def module(m):
+        m.reward_head = nn.Sequential(*(nn.Linear(l.in_features, l.out_features) if type(l) is nn.Linear
+                                        else l for l in m.reward_head))
+
+    def no_params(m):  # a parameter-free module (GELU) swapped: the kernel would compute another head
+        m.latent_head[1] = nn.ReLU()
+
+    def overflow(m):
+        m.on_overflow = "error"
+
+    for change in (data, parameter, module, no_params, overflow):
+        assert changed(_model(True), change), change.__name__
+    model = _model(True)
+    assert changed(model, no_params) and fused_unizero_weights(model) is None  # no longer the mirrored model
+    model = _model(True)
+    with torch.no_grad():  # in place: the same storages, whose values the kernel compares itself
+        assert not changed(model, lambda m: m.value_head[2].weight.add_(1.0))
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None  # the cache does not keep a model alive
+    assert not any(k is None for k in fused_module._CACHE.keys())

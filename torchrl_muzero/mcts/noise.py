@@ -6,6 +6,8 @@ Marsaglia & Tsang's method from the generator's normals and uniforms.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["sample_dirichlet"]
@@ -16,16 +18,24 @@ def _sample_gamma(alpha: float, shape: torch.Size, generator, device) -> torch.T
     a = alpha + 1.0 if boost else alpha
     d = a - 1.0 / 3.0
     c = 1.0 / (9.0 * d) ** 0.5
-    out = torch.empty(shape, device=device)
-    pending = torch.ones(shape, dtype=torch.bool, device=device)
-    while bool(pending.any()):
+    if math.prod(shape) == 0:  # nothing to draw (and no draws, as the rounds below would do)
+        return torch.empty(shape, device=device)
+    # Rejection rounds until every entry is accepted; the first round, where every entry is
+    # pending, keeps all its candidates (a rejected one is replaced in a later round), which skips
+    # the bookkeeping ops a B = 1 search otherwise pays in full (usually one round at A = 2).
+    out = pending = None
+    while True:
         x = torch.randn(shape, generator=generator, device=device)
         v = (1.0 + c * x) ** 3
         u = torch.rand(shape, generator=generator, device=device)
         ok = (v > 0) & (torch.log(u) < 0.5 * x * x + d - d * v + d * torch.log(v.clamp_min(1e-30)))
-        take = pending & ok
-        out = torch.where(take, d * v, out)
-        pending = pending & ~ok
+        if out is None:
+            out, pending = d * v, ~ok
+        else:
+            out = torch.where(pending & ok, d * v, out)
+            pending = pending & ~ok
+        if not bool(pending.any()):
+            break
     if boost:
         u = torch.rand(shape, generator=generator, device=device)
         out = out * u.pow(1.0 / alpha)

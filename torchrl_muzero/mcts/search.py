@@ -64,7 +64,9 @@ def select_action(
     """Draw actions ``[B]`` from ``visit_counts ** (1 / temperature)``; argmax at 0."""
     if temperature == 0:
         return visit_counts.argmax(-1)
-    logits = torch.log(visit_counts.float()) / temperature  # -inf for unvisited actions
+    logits = torch.log(visit_counts.float())  # -inf for unvisited actions
+    if temperature != 1:  # x / 1 is x: one op fewer at the default temperature
+        logits = logits / temperature
     probs = torch.softmax(logits, -1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
@@ -165,7 +167,8 @@ def check_action_mask(action_mask: torch.Tensor | None, B: int, A: int, device) 
 def visit_result(tree: Tree, temperature: float, generator: torch.Generator | None) -> SearchResult:
     """MuZero's reading of a finished tree: the visit distribution and an action drawn from it."""
     visit_counts = tree.root_child_visits()
-    search_policy = visit_counts.float() / visit_counts.sum(-1, keepdim=True).clamp_min(1)
+    counts = visit_counts.float()  # whole numbers, so its float sum is the integer sum exactly
+    search_policy = counts / counts.sum(-1, keepdim=True).clamp_min(1)
     root_mean = tree.value_sum[:, 0] / tree.visit_count[:, 0].clamp_min(1).float()
     action = select_action(visit_counts, temperature, generator)
     return SearchResult(visit_counts, search_policy, root_mean, action, tree)
@@ -275,9 +278,8 @@ def muzero_search(
     tree = start_tree(root, config.num_simulations, legal, discount)
     if add_noise and config.dirichlet_fraction > 0:
         noise = sample_dirichlet(config.dirichlet_alpha, legal, generator)
-        tree.children_prior[:, 0] = (
-            (1 - config.dirichlet_fraction) * tree.children_prior[:, 0] + config.dirichlet_fraction * noise
-        )
+        # (1 - f) * prior + f * noise, written in place (the same float32 products and sum)
+        tree.children_prior[:, 0].mul_(1 - config.dirichlet_fraction).add_(noise.mul_(config.dirichlet_fraction))
 
     rule = PUCT(config.pb_c_base, config.pb_c_init)
     run_rules(model, tree, config, rule, rule, discount)

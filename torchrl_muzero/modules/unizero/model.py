@@ -83,13 +83,17 @@ from torchrl_muzero.modules.model import MuZeroModel
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport
 from torchrl_muzero.modules.unizero.encoder import MLPEncoder
-from torchrl_muzero.modules.unizero.fused import fused_root, fused_unizero_weights
+from torchrl_muzero.modules.unizero.fused import fused_root_from_leaves, fused_unizero_weights
 from torchrl_muzero.modules.unizero.norm import make_latent_norm
 from torchrl_muzero.modules.unizero.transformer import CausalTransformer
 
 __all__ = ["UniZeroModel"]
 
 _OVERFLOW = ("rebuild", "error")
+_VALID_MESSAGE = (
+    "valid must be [B, K + 1] = [{B}, {K1}] bool, False only as a prefix of each row "
+    "and True at the current (last) step."
+)
 
 
 def _head(embed_dim: int, out_dim: int) -> nn.Sequential:
@@ -377,34 +381,45 @@ class UniZeroModel(nn.Module):
                 f"the history window has K={K} steps, more than context_length={self.context_length}; "
                 "pass only the last context_length steps."
             )
-        if actions.numel() and (int(actions.min()) < 0 or int(actions.max()) >= self.num_actions):
-            raise ValueError(f"history actions must lie in [0, {self.num_actions}).")
+        if actions.numel():
+            low, high = torch.aminmax(actions)  # one op for both bounds: this runs before every search
+            if int(low) < 0 or int(high) >= self.num_actions:
+                raise ValueError(f"history actions must lie in [0, {self.num_actions}).")
         device = latents.device
-        steps = torch.arange(K1, device=device)
-        if valid is None:
-            missing = torch.zeros(B, dtype=torch.long, device=device)
-        else:
+        if valid is not None:
             valid = valid.to(device=device, dtype=torch.bool)
-            missing = (~valid).sum(1)
-            if valid.shape != (B, K1) or not bool((valid == (steps[None] >= missing[:, None])).all()):
-                raise ValueError(
-                    f"valid must be [B, K + 1] = [{B}, {K1}] bool, False only as a prefix of each row "
-                    "and True at the current (last) step."
-                )
-        n = K1 - missing  # latents per row
-        src = (steps[None] + missing[:, None]).clamp(max=K)
-        packed = latents.gather(1, src[..., None].expand(B, K1, E)) * (steps[None] < n[:, None])[..., None]
+            if valid.shape != (B, K1):
+                raise ValueError(_VALID_MESSAGE.format(B=B, K1=K1))
+            if bool(valid.all()):  # every row holds a full window: nothing to pack
+                valid = None
         state_latents = latents.new_zeros(B, self.max_blocks, E)
-        state_latents[:, :K1] = packed
         state_actions = torch.full((B, self.max_blocks), -1, dtype=torch.long, device=device)
-        if K:
-            packed_actions = actions.long().gather(1, src[:, :K].clamp(max=K - 1))
-            state_actions[:, :K] = torch.where(steps[None, :K] < (n - 1)[:, None], packed_actions, -1)
-        length = 2 * n - 1
-        state = TensorDict({"latents": state_latents, "actions": state_actions, "length": length}, [B])
-        if self.kv_cache:
-            state["kv"] = self.transformer.empty_cache(B)
-        fused = fused_root(self, state)  # the same forward in one C++ call when the kernel runs this model
+        if valid is None:
+            # Full windows (the common case, and every row of a B = 1 search past an episode's
+            # first steps): the packing below is the identity, so copy without its ~15 small ops.
+            state_latents[:, :K1] = latents
+            state_actions[:, :K] = actions
+            length = torch.full((B,), 2 * K1 - 1, dtype=torch.long, device=device)
+        else:
+            steps = torch.arange(K1, device=device)
+            missing = (~valid).sum(1)
+            if not bool((valid == (steps[None] >= missing[:, None])).all()):
+                raise ValueError(_VALID_MESSAGE.format(B=B, K1=K1))
+            n = K1 - missing  # latents per row
+            src = (steps[None] + missing[:, None]).clamp(max=K)
+            packed = latents.gather(1, src[..., None].expand(B, K1, E)) * (steps[None] < n[:, None])[..., None]
+            state_latents[:, :K1] = packed
+            if K:
+                packed_actions = actions.long().gather(1, src[:, :K].clamp(max=K - 1))
+                state_actions[:, :K] = torch.where(steps[None, :K] < (n - 1)[:, None], packed_actions, -1)
+            length = 2 * n - 1
+        leaves = {"latents": state_latents, "actions": state_actions, "length": length}
+        kv = leaves["kv"] = self.transformer.empty_cache(B) if self.kv_cache else None
+        if kv is None:
+            del leaves["kv"]
+        state = TensorDict(leaves, [B])
+        # the same forward in one C++ call when the kernel runs this model
+        fused = fused_root_from_leaves(self, state_latents, state_actions, length, kv)
         if fused is not None:
             policy_logits, value = fused
             return ModelStep(state, torch.zeros_like(value), policy_logits, value)
