@@ -53,22 +53,23 @@ def test_each_algorithm_learns_cartpole(tmp_path, algo):
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer_cls", [SyncTrainer, AsyncTrainer])
 def test_unizero_learns_cartpole(tmp_path, trainer_cls):
-    """``algo=unizero`` raises CartPole's return to 3x random, in both pipelines, within 14k env steps
-    (docs/variants.md has the full runs to 475 with the shipped batch of 256; here 64, a quarter of the
-    learner's time; both reached ~100 by ~8.7k env steps in the runs that set this budget).
+    """``algo=unizero`` raises CartPole's return to 4.5x random (~100), in both pipelines, within 14k env
+    steps (docs/variants.md has the full runs to 475 with the shipped batch of 256; here 64, a quarter of
+    the learner's time; with the GPT-initialised heads the runs that set this bar passed at 3,328 env
+    steps (async) and 4,608 (sync); with zeroed heads both needed ~8.7k env steps to reach ~70).
 
     The async case acts through the collectors' published weights; the fused kernel's stale packed
     weights once kept them on their first weights for a whole run (collected returns stayed at random
     play's, ~23, while off-policy learning still lifted some evaluations to ~95). That bug has its own
     exact test in test_unizero_fused.py; this one asks that the pipeline learns."""
     cfg = _cartpole_config(tmp_path, "algo=unizero", "optim.batch_size=64", "train.max_wall_time_s=420",
-                           "train.stop_return=70", "train.total_env_steps=14000", "eval.interval=100",
+                           "train.stop_return=100", "train.total_env_steps=14000", "eval.interval=100",
                            "eval.num_episodes=4")
     summary = trainer_cls(cfg).run()
     assert summary["status"] == "ok", summary
     rows = [line.split(",") for line in (tmp_path / "eval.csv").read_text().strip().splitlines()[1:]]
     returns = [float(r[4]) for r in rows]
-    assert returns and max(returns) >= 3 * RANDOM_RETURN, (trainer_cls.__name__, returns)
+    assert returns and max(returns) >= 4.5 * RANDOM_RETURN, (trainer_cls.__name__, returns)
     assert not live_descendants()
 
 
