@@ -76,6 +76,33 @@ class _Recorder(RayAsyncTrainer):
         self.stale_at_step = getattr(self, "stale_at_step", 0) + len(stale)
 
 
+def test_loopback_variables_are_set_for_a_runs_own_instance_not_for_a_cluster(monkeypatch):
+    """A run's own Ray instance stays on loopback; joining a cluster (``async_pipeline.address``) leaves the
+    environment alone: its dead loopback proxy and ``GLOO_SOCKET_IFNAME=lo`` would cut the driver off from
+    the cluster's other machines."""
+    from torchrl_muzero.trainers import ray_backend
+
+    for key in ray_backend.LOOPBACK_ENV:
+        monkeypatch.delenv(key, raising=False)  # restored after the test (conftest set them for the suite)
+    ray_backend.import_ray(loopback=False)
+    assert not [key for key in ray_backend.LOOPBACK_ENV if key in os.environ]
+
+    asked = []
+    fake_ray = type("FakeRay", (), {"is_initialized": staticmethod(lambda: True)})
+    monkeypatch.setattr(ray_backend, "import_ray", lambda loopback=True: asked.append(loopback) or fake_ray)
+    RaySession(address="10.0.0.5:6379").start()
+    RaySession().start()
+    assert asked == [False, True]
+
+    monkeypatch.undo()  # the real import_ray again, then the variables once more as a run's own instance needs
+    for key in ray_backend.LOOPBACK_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")  # a user's own value wins
+    ray_backend.import_ray()
+    assert os.environ["http_proxy"] == "http://proxy.example:3128"
+    assert all(os.environ[k] == v for k, v in ray_backend.LOOPBACK_ENV.items() if k != "http_proxy")
+
+
 @pytest.mark.parametrize("name", algorithm_names())
 def test_every_algorithm_collects_in_a_collector_actor(tmp_path, name):
     """What a Ray collector actor runs, in this process: packed learner weights loaded at the boundary, one collect."""

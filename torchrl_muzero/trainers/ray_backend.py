@@ -41,7 +41,8 @@ frame was searched, so the logged lag never understates.
 
 Ray itself must stay on loopback on the test machines: :func:`import_ray`
 sets the variables of shared/notes/ray-on-this-machine.md before ray is
-imported (users' own values win).
+imported (users' own values win) for a run's own Ray instance, not when the
+run joins a cluster (``async_pipeline.address``: the user's network).
 """
 from __future__ import annotations
 
@@ -73,15 +74,20 @@ _ACTORS = (CollectorActor, EvaluatorActor, WeightPacker, unpack_weights)  # noqa
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def import_ray():
-    """``import ray`` after the loopback variables and PYTHONPATH are set; a ConfigError without ray.
+def import_ray(loopback: bool = True):
+    """``import ray`` after PYTHONPATH (and, with ``loopback``, the loopback variables) are set; a ConfigError without ray.
 
     Ray's worker processes do not see the driver's ``sys.path`` edits, so the
     folder holding ``torchrl_muzero`` goes into ``PYTHONPATH`` (inherited by
-    the daemons ``ray.init`` starts).
+    the daemons ``ray.init`` starts). ``loopback`` sets :data:`LOOPBACK_ENV`
+    where the user has not (a run's own one-machine Ray instance);
+    :class:`RaySession` passes ``False`` when it joins a cluster, whose nodes
+    talk over the user's network: a dead loopback proxy and ``GLOO_SOCKET_IFNAME=lo``
+    would cut the driver off from them.
     """
-    for key, value in LOOPBACK_ENV.items():
-        os.environ.setdefault(key, value)
+    if loopback:
+        for key, value in LOOPBACK_ENV.items():
+            os.environ.setdefault(key, value)
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if _PACKAGE_ROOT not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *parts])
@@ -116,7 +122,7 @@ class RaySession:
         self.temp_dir: str | None = None
 
     def start(self):
-        ray = import_ray()
+        ray = import_ray(loopback=not self.address)
         if ray.is_initialized():
             return ray
         kwargs = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
