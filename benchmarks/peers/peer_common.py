@@ -7,9 +7,10 @@
   runners' own (torch / jax) forwards are checked against, itself checked
   against the exported outputs of our model.
 * :func:`check_forward` prints one JSON line with the max abs differences.
-* :func:`time_search` runs a search ``rounds`` times per batch size and
-  prints one JSON line per round: ``{"impl", "variant", "B", "round",
-  "seconds", "searches_per_s"}``.
+* :func:`time_search` runs a search ``rounds`` times per batch size
+  (:func:`time_searches` several searches, round-robin) and prints one JSON
+  line per round: ``{"impl", "variant", "B", "round", "seconds",
+  "searches_per_s"}``.
 """
 from __future__ import annotations
 
@@ -225,18 +226,32 @@ def check_forward(impl: str, case: dict, recurrent: Callable, initial: Callable 
 def time_search(impl: str, variant: str, run: Callable[[int], object], batches, rounds: int = 3,
                 warmup: int = 1, **extra) -> list[dict]:
     """Time ``run(B)`` (one whole search of ``B`` roots) ``rounds`` times per ``B``, after ``warmup`` calls."""
+    return time_searches({impl: run}, variant, batches, rounds=rounds, warmup=warmup, **extra)
+
+
+def time_searches(runs: dict[str, Callable[[int], object]], variant: str, batches, rounds: int = 3,
+                  warmup: int = 1, **extra) -> list[dict]:
+    """:func:`time_search` for several implementations ``{impl: run}`` of one variant, round-robin.
+
+    B by B, every implementation warms up, then each round times one search of
+    each in turn: on a machine whose load moves during a run, every
+    implementation sees the same load, so ratios between them are measured
+    side by side. With one implementation it is :func:`time_search`.
+    """
     records = []
     for B in batches:
-        for _ in range(warmup):
-            run(B)
+        for run in runs.values():
+            for _ in range(warmup):
+                run(B)
         for r in range(rounds):
-            start = time.perf_counter()
-            run(B)
-            seconds = time.perf_counter() - start
-            rec = {"impl": impl, "variant": variant, "B": int(B), "round": r, "seconds": seconds,
-                   "searches_per_s": B / seconds, **extra}
-            emit(rec)
-            records.append(rec)
+            for impl, run in runs.items():
+                start = time.perf_counter()
+                run(B)
+                seconds = time.perf_counter() - start
+                rec = {"impl": impl, "variant": variant, "B": int(B), "round": r, "seconds": seconds,
+                       "searches_per_s": B / seconds, **extra}
+                emit(rec)
+                records.append(rec)
     return records
 
 

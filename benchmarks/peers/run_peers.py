@@ -40,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -172,29 +171,6 @@ def _our_runs(case: dict, variants: list[str]):
     return model, runs
 
 
-def _time_interleaved(impl_runs: dict, variant: str, batches: list[int], rounds: int) -> list[dict]:
-    """Time our implementations of one variant round-robin: B by B, one round of each in turn.
-
-    On the shared 2-core machine the load moves during a run; interleaving
-    makes every implementation see the same load, so ratios between our
-    columns (``cpp-fma`` / ``cpp``) are measured side by side.
-    """
-    records = []
-    for B in batches:
-        for run in impl_runs.values():
-            run(B)  # warm-up
-        for r in range(rounds):
-            for impl, run in impl_runs.items():
-                start = time.perf_counter()
-                run(B)
-                seconds = time.perf_counter() - start
-                rec = {"impl": impl, "variant": variant, "B": int(B), "round": r, "seconds": seconds,
-                       "searches_per_s": B / seconds, "torch": torch.__version__}
-                pc.emit(rec)
-                records.append(rec)
-    return records
-
-
 def run_ours(case: dict, variants: list[str], batches: list[int], rounds: int,
              impls: list[str] | None = None) -> list[dict]:
     torch.set_num_threads(1)
@@ -218,7 +194,9 @@ def run_ours(case: dict, variants: list[str], batches: list[int], rounds: int,
         if int(visits.sum()) != sims:
             pc.emit({"impl": impl, "variant": variant, "warning": f"root visits sum to {int(visits.sum())}"})
     for variant in dict.fromkeys(v for _, v in runs):
-        records += _time_interleaved({i: r for (i, v), r in runs.items() if v == variant}, variant, batches, rounds)
+        # our implementations of a variant round-robin, so their ratios (cpp-fma / cpp) share one load
+        records += pc.time_searches({i: r for (i, v), r in runs.items() if v == variant}, variant, batches,
+                                    rounds=rounds, torch=torch.__version__)
     return records
 
 
