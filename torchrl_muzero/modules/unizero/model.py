@@ -414,9 +414,9 @@ class UniZeroModel(nn.Module):
                 state_actions[:, :K] = torch.where(steps[None, :K] < (n - 1)[:, None], packed_actions, -1)
             length = 2 * n - 1
         leaves = {"latents": state_latents, "actions": state_actions, "length": length}
-        kv = leaves["kv"] = self.transformer.empty_cache(B) if self.kv_cache else None
-        if kv is None:
-            del leaves["kv"]
+        kv = self.transformer.empty_cache(B) if self.kv_cache else None
+        if kv is not None:
+            leaves["kv"] = kv
         state = TensorDict(leaves, [B])
         # the same forward in one C++ call when the kernel runs this model
         fused = fused_root_from_leaves(self, state_latents, state_actions, length, kv)
