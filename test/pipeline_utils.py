@@ -126,3 +126,75 @@ def record_batch_sizes(trainer) -> list[int]:
     take = trainer._take_batch
     trainer._take_batch = lambda batch, budgets: (sizes.append(batch.numel()), take(batch, budgets))
     return sizes
+
+
+def _describe(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read().strip()
+    except OSError:
+        return f"pid {pid} (gone)"
+    return f"pid {pid} ppid {_ppid(pid)} waiting in {wchan or '?'}: {cmd[:200]}"
+
+
+def stop_script_after_checkpoint(cmd: list[str], run_dir, stop: Callable[["subprocess.Popen", str], None],
+                                 cwd, exit_timeout_s: float = 60.0) -> tuple[int, str, list[str]]:
+    """Start a training script, wait for its first checkpoint, call ``stop(proc, marker)``, wait for it to exit.
+
+    Returns ``(exit status, everything it printed, leftovers)``: ``leftovers`` describes the processes
+    of the run (the script and everything it started, found by an environment marker) still alive a
+    few seconds after the script exited, so a test can assert there are no orphans. Output goes to a
+    file, not a pipe: a pipe's end of file waits for every process holding it, so an orphan
+    would show up as a hang of the script itself and hide which process was left.
+
+    If the script does not exit within ``exit_timeout_s`` the test fails with its output and what
+    each of its processes is waiting in. If the script's exit watchdog had to end the process
+    (``trainers/exit_watchdog.py``), its report is turned into a warning (the run still ended
+    cleanly, but the blocked exit is worth a look).
+    """
+    import subprocess
+    import tempfile
+    import uuid
+    import warnings
+    from pathlib import Path
+
+    import pytest
+
+    run_dir = Path(run_dir)
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "TORCHRL_MUZERO_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
+    fd, name = tempfile.mkstemp(prefix="torchrl_muzero-script-", suffix=".log")
+    os.close(fd)
+    log_path = Path(name)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (run_dir / "ckpt" / "last.pt").exists():
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, f"the script ended before its first checkpoint:\n{log_path.read_text()[-4000:]}"
+        stop(proc, marker)
+        try:
+            proc.wait(timeout=exit_timeout_s)
+        except subprocess.TimeoutExpired:
+            stuck = "\n".join(_describe(p) for p in [proc.pid, *processes_with_marker(marker)])
+            pytest.fail(f"the script did not exit within {exit_timeout_s:.0f} s of being stopped; its processes:\n"
+                        f"{stuck}\nits output ends:\n{log_path.read_text()[-4000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 5.0  # a killed worker or the resource tracker takes a moment to go
+    while processes_with_marker(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    leftovers = [_describe(p) for p in processes_with_marker(marker)]
+    report = run_dir / "exit_watchdog.txt"
+    if report.exists():
+        warnings.warn(f"the exit watchdog ended {cmd[1]}: {report.read_text()[:3000]}")
+    out = log_path.read_text()
+    log_path.unlink()
+    return proc.returncode, out, leftovers

@@ -17,7 +17,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from pipeline_utils import kill_when_training, live_descendants, tiny_config
+from pipeline_utils import kill_when_training, live_descendants, stop_script_after_checkpoint, tiny_config
 from torchrl_muzero.algorithms import algorithm_names, get_algorithm
 from torchrl_muzero.trainers import AsyncTrainer, ConfigError, load_config
 from torchrl_muzero.trainers.builders import build_buffer, build_loss, build_model, build_policy
@@ -121,25 +121,12 @@ def test_both_scripts_run_the_algorithm_and_stop_cleanly(tmp_path, name):
     assert (sync_dir / "eval.csv").read_text().count("\n") >= 2  # a header and an evaluation
 
     async_dir = tmp_path / "async"
-    proc = subprocess.Popen(_script("muzero_async.py", name, async_dir, "train.total_env_steps=1000000",
-                                    "async_pipeline.num_evaluator_actors=0"),
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not (async_dir / "ckpt" / "last.pt").exists():
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.stdout.read()
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:  # a hang on Ctrl-C: fail with what the run printed (CI saw one, once)
-            proc.kill()
-            out, _ = proc.communicate()
-            pytest.fail(f"the async script did not stop within 60 s of SIGINT; its output ends:\n{out[-4000:]}")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, out
+    code, out, leftovers = stop_script_after_checkpoint(
+        _script("muzero_async.py", name, async_dir, "train.total_env_steps=1000000",
+                "async_pipeline.num_evaluator_actors=0"),
+        async_dir, lambda proc, marker: proc.send_signal(signal.SIGINT), cwd=tmp_path)
+    assert code == 130, out[-4000:]
+    assert leftovers == [], leftovers
     summary = json.loads((async_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert load_checkpoint(async_dir / "ckpt" / "last.pt")["counters"]["train_iter"] == summary["train_iter"] > 0

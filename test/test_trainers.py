@@ -5,14 +5,14 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline_utils import (
-    kill_when_training, live_descendants, processes_with_marker, record_batch_sizes, tiny_config,
+    kill_when_training, live_descendants, processes_with_marker, record_batch_sizes, stop_script_after_checkpoint,
+    tiny_config,
 )
 from torchrl_muzero.trainers import AsyncTrainer, ConfigError, SyncTrainer, load_config
 from torchrl_muzero.trainers.async_pipeline import publish_due
@@ -272,31 +272,23 @@ STOPS = {
 
 @pytest.mark.parametrize("stop", list(STOPS))
 def test_script_stops_cleanly_with_the_conventional_exit_status(tmp_path, stop):
-    marker = uuid.uuid4().hex
-    env = {**os.environ, "TORCHRL_MUZERO_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, str(REPO / "sota-implementations/muzero/muzero_async.py"),
            f"run_dir={tmp_path}", "env.num_envs=4", "model.latent_dim=16", "model.hidden_dim=16",
            "mcts.num_simulations=4", "optim.batch_size=32", "train.total_env_steps=1000000",
            "train.train_start_after_envsteps=128", "train.frames_per_batch=64", "logger.progress_bar=false",
            "eval.num_episodes=2", "async_pipeline.num_evaluator_actors=0", "train.checkpoint_interval=10"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not (tmp_path / "ckpt" / "last.pt").exists():
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.stdout.read()
+
+    def do_stop(proc, marker):
         if stop == "dead-worker":
             workers = _spawned_workers(marker)
             assert workers, "no collector worker found"
             os.kill(workers[0], signal.SIGKILL)
         else:
             proc.send_signal(signal.SIGINT if stop == "ctrl-c" else signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+
+    returncode, out, leftovers = stop_script_after_checkpoint(cmd, tmp_path, do_stop, cwd=tmp_path)
     code, status, text = STOPS[stop]
-    assert proc.returncode == code, out
+    assert returncode == code, out[-4000:]
     assert text in out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == status and summary["exit_code"] == code
@@ -305,8 +297,7 @@ def test_script_stops_cleanly_with_the_conventional_exit_status(tmp_path, stop):
         assert 0 < state["counters"]["train_iter"] <= summary["train_iter"]
     else:  # a final checkpoint
         assert state["counters"]["train_iter"] == summary["train_iter"] > 0
-    time.sleep(1.0)
-    assert processes_with_marker(marker) == []
+    assert leftovers == [], leftovers
 
 
 def test_faults_exit_non_zero(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import hydra
 
-from torchrl_muzero.trainers.hydra_entry import preflight, register_base_config, run_from_hydra
+from torchrl_muzero.trainers.hydra_entry import preflight, register_base_config, run_from_hydra, run_script
 
 register_base_config()
 
@@ -26,4 +26,4 @@ def main(cfg) -> None:
 if __name__ == "__main__":
     # a bad key or value: one line and exit 2 within a second, before hydra (and torch) start
     preflight(Path(__file__).parent / "config")
-    main()
+    run_script(main)  # main(), then a guarantee that the process ends (trainers/exit_watchdog.py)

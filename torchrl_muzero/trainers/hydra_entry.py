@@ -20,14 +20,15 @@ import difflib
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from hydra.core.config_store import ConfigStore
 
 from torchrl_muzero.trainers.config import ConfigError, TrainConfig, check_key, load_config
 from torchrl_muzero.trainers.config_checks import check_run_targets
+from torchrl_muzero.trainers.exit_watchdog import arm_exit_watchdog
 
-__all__ = ["register_base_config", "compose_config", "preflight", "run_from_hydra", "USAGE_ERROR"]
+__all__ = ["register_base_config", "compose_config", "preflight", "run_from_hydra", "run_script", "USAGE_ERROR"]
 
 #: exit status of a rejected start (bad key, value, path), as command-line tools use 2 for usage errors
 USAGE_ERROR = 2
@@ -143,6 +144,37 @@ def preflight(config_dir: str | Path, argv: Sequence[str] | None = None) -> None
         GlobalHydra.instance().clear()  # @hydra.main initialises its own
 
 
+#: the run folder of the last run :func:`run_from_hydra` finished (where :func:`run_script`'s watchdog reports)
+_last_run_dir: str | None = None
+
+
+def run_script(main: Callable[[], None]) -> None:
+    """Call a script's ``@hydra.main`` function, then make sure the process ends.
+
+    The scripts' ``__main__`` calls this instead of ``main()``: whichever way
+    ``main`` ends (returns, ``sys.exit(status)``, an exception), the exit
+    watchdog (:mod:`~torchrl_muzero.trainers.exit_watchdog`) is armed with the
+    status the process is about to exit with, so a blocked interpreter exit
+    cannot keep a finished run alive. Only for a process that ends after
+    ``main``: never call it from a test or a notebook.
+
+    Example (a script's last lines)::
+
+        if __name__ == "__main__":
+            preflight(Path(__file__).parent / "config")
+            run_script(main)
+    """
+    status = 1
+    try:
+        main()
+        status = 0
+    except SystemExit as err:
+        status = err.code if isinstance(err.code, int) else (0 if err.code is None else 1)
+        raise
+    finally:
+        arm_exit_watchdog(status, run_dir=_last_run_dir)
+
+
 def run_from_hydra(cfg, trainer_cls) -> dict:
     """Validate a hydra config, default the run folder to hydra's output folder, and train.
 
@@ -165,6 +197,8 @@ def run_from_hydra(cfg, trainer_cls) -> dict:
             raise
         _exit_with(str(err))
     summary = trainer.run()
+    global _last_run_dir
+    _last_run_dir = summary.get("run_dir")
     if summary["exit_code"]:
         sys.exit(summary["exit_code"])
     return summary
