@@ -13,7 +13,9 @@
 // The opt-in FMA path (template flag F, mcts.kernel_precision="fma"): the
 // same loops with every multiply-add of a linear layer, of the decode's exp
 // polynomial and of its expectation sum fused (one rounding instead of two),
-// instantiated only inside target("avx2,fma") entry points. Its results are
+// instantiated only inside target("avx2,fma") entry points. The loops are
+// written once: each of those multiply-adds is a madd<F> call, the only place
+// where the two paths differ (so they cannot drift apart). Its results are
 // still independent of the batch size (every row runs the same fused ops in
 // the same k order) but not bit-identical to the exact path's: within a few
 // ulps per layer (test/test_fma_kernels.py measures it).
@@ -86,17 +88,34 @@ MZ_INLINE V vmin(V a, V b) {
   return a < b ? a : b;
 }
 
-// a * b + c rounded once, lane by lane. __builtin_fmaf is a fused
-// multiply-add whatever the compiler emits for it (GCC turns the unrolled
-// lanes into one vfmadd inside a target("fma") function), so the FMA path's
-// results do not depend on the vectoriser. Called only from the F = true
-// instantiations.
-template <class V>
-MZ_INLINE V vfma(V a, V b, V c) {
-  V r;
+// a * b + c, lane by lane: rounded twice (the product, then the sum) on the
+// exact path, once with F. The exact path relies on -ffp-contract=off (setup.py
+// and the pragma of tree_common.h) to keep the compiler from fusing it. With F,
+// __builtin_fmaf is a fused multiply-add whatever the compiler emits for it
+// (GCC turns the unrolled lanes into one vfmadd inside a target("fma")
+// function), so the FMA path's results do not depend on the vectoriser;
+// madd<true> is instantiated only inside such functions.
+template <bool F, class V>
+MZ_INLINE V madd(V a, V b, V c) {
+  if constexpr (F) {
+    V r;
 #pragma GCC unroll 8
-  for (int l = 0; l < Lanes<V>::W; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
-  return r;
+    for (int l = 0; l < Lanes<V>::W; ++l) r[l] = __builtin_fmaf(a[l], b[l], c[l]);
+    return r;
+  } else {
+    return a * b + c;
+  }
+}
+// The same with a scalar b, for every lane: the exact path multiplies by the
+// scalar itself (GCC broadcasts it once with vbroadcastss; a vsplat here made
+// it build each broadcast lane by lane in the AVX2 copy).
+template <bool F, class V>
+MZ_INLINE V madd(V a, float b, V c) {
+  if constexpr (F) {
+    return madd<F>(a, vsplat<V>(b), c);
+  } else {
+    return a * b + c;
+  }
 }
 
 // exp(x) for x in [-87, 88], as Cephes' expf:
@@ -105,39 +124,26 @@ MZ_INLINE V vfma(V a, V b, V c) {
 // 1.5 * 2^23 shifter (the float sum's last bits are n + 127), which needs no
 // float-int conversion or floor. Exactly 1 at 0. (The LSTM's sigmoid / tanh
 // of ez_net.cpp call it on clamped inputs of both signs.)
+// The range reduction x - n * c is written kf * -c + x: the same rounded
+// result (x - y is x + -y in IEEE arithmetic, and -(n * c) == n * -c), in the
+// operand order of a fused multiply-add.
 template <class V, bool F = false>
 MZ_INLINE V exp_in_range(V x) {
   using I = typename Lanes<V>::I;
   const float shifter = 12582912.0f + 127.0f;  // 1.5 * 2^23, plus the exponent bias
-  if constexpr (F) {  // the same steps, each multiply-add fused
-    V kf = vfma(x, vsplat<V>(1.44269504088896341f), vsplat<V>(shifter));
-    const I biased_n = (I)kf;
-    kf = kf - shifter;
-    x = vfma(kf, vsplat<V>(-0.693359375f), x);
-    x = vfma(kf, vsplat<V>(2.12194440e-4f), x);
-    const V z = x * x;
-    V y = vsplat<V>(1.9875691500e-4f);
-    y = vfma(y, x, vsplat<V>(1.3981999507e-3f));
-    y = vfma(y, x, vsplat<V>(8.3334519073e-3f));
-    y = vfma(y, x, vsplat<V>(4.1665795894e-2f));
-    y = vfma(y, x, vsplat<V>(1.6666665459e-1f));
-    y = vfma(y, x, vsplat<V>(5.0000001201e-1f));
-    y = vfma(y, z, x) + 1.0f;
-    return y * (V)((biased_n & 0xff) << 23);
-  }
-  V kf = x * 1.44269504088896341f + shifter;
+  V kf = madd<F>(x, vsplat<V>(1.44269504088896341f), vsplat<V>(shifter));
   const I biased_n = (I)kf;  // a vector cast reinterprets the bits
   kf = kf - shifter;         // n, as a float
-  x = x - kf * 0.693359375f;
-  x = x - kf * -2.12194440e-4f;
+  x = madd<F>(kf, vsplat<V>(-0.693359375f), x);
+  x = madd<F>(kf, vsplat<V>(2.12194440e-4f), x);
   const V z = x * x;
   V y = vsplat<V>(1.9875691500e-4f);
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
-  y = y * z + x + 1.0f;
+  y = madd<F>(y, x, vsplat<V>(1.3981999507e-3f));
+  y = madd<F>(y, x, vsplat<V>(8.3334519073e-3f));
+  y = madd<F>(y, x, vsplat<V>(4.1665795894e-2f));
+  y = madd<F>(y, x, vsplat<V>(1.6666665459e-1f));
+  y = madd<F>(y, x, vsplat<V>(5.0000001201e-1f));
+  y = madd<F>(y, z, x) + 1.0f;
   return y * (V)((biased_n & 0xff) << 23);  // 2^n
 }
 
@@ -169,8 +175,7 @@ MZ_INLINE float bin_expectation(const float* z, const float* bins, int64_t n) {
     for (int r = 0; r < R; ++r) {
       const V e = exp_nonpos<V, F>(vload<V>(z + i + r * W) - mx);
       s0[r] += e;
-      if constexpr (F) s1[r] = vfma(e, vload<V>(bins + i + r * W), s1[r]);
-      else s1[r] += e * vload<V>(bins + i + r * W);
+      s1[r] = madd<F>(e, vload<V>(bins + i + r * W), s1[r]);
     }
   }
   if (full < n) {  // every partial sum takes one more term, padding included
@@ -179,8 +184,7 @@ MZ_INLINE float bin_expectation(const float* z, const float* bins, int64_t n) {
       const int64_t count = std::max<int64_t>(0, std::min<int64_t>(W, n - at));
       const V e = exp_nonpos<V, F>(vload_partial<V>(z + at, count, neg_inf) - mx);
       s0[r] += e;
-      if constexpr (F) s1[r] = vfma(e, vload_partial<V>(bins + at, count, 0.0f), s1[r]);
-      else s1[r] += e * vload_partial<V>(bins + at, count, 0.0f);
+      s1[r] = madd<F>(e, vload_partial<V>(bins + at, count, 0.0f), s1[r]);
     }
   }
   float p0[8], p1[8];
@@ -208,16 +212,14 @@ MZ_INLINE void dense_tile(const Dense& d, const float* const* x, int64_t j0,
   for (int64_t k = 0; k < d.K; ++k, w += d.J) {
     V wv[NV];
     for (int v = 0; v < NV; ++v) wv[v] = vload<V>(w + W * v);
-    // Unrolled explicitly: with vfma's lane loop inside, GCC's own complete
-    // unrolling gives up and the accumulators go to the stack (~3x slower).
+    // Unrolled explicitly: with madd<true>'s lane loop inside, GCC's own
+    // complete unrolling gives up and the accumulators go to the stack (~3x
+    // slower).
 #pragma GCC unroll 8
     for (int s = 0; s < NS; ++s) {
       const float xs = x[s][k];
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        if constexpr (F) acc[s][v] = vfma(wv[v], vsplat<V>(xs), acc[s][v]);
-        else acc[s][v] += wv[v] * xs;
-      }
+      for (int v = 0; v < NV; ++v) acc[s][v] = madd<F>(wv[v], xs, acc[s][v]);
     }
   }
   for (int s = 0; s < NS; ++s) {
