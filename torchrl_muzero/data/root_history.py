@@ -61,6 +61,17 @@ def history_window(rows: "RowTable", slots: torch.Tensor, length: int) -> tuple[
     the memory zeroes it). The chain stops at the episode's start and never
     crosses it, and at a lost link, an evicted row, or a row whose frame
     stack cannot be rebuilt.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.data.root_history import history_window
+        >>> from torchrl_muzero.data.storage_rows import RowTable
+        >>> rows = RowTable(8, num_frames=1, alpha=1.0, priority_eps=0.0, tree_backend="torch")
+        >>> traj = torch.zeros(3, dtype=torch.long); done = torch.tensor([False, False, True])
+        >>> _ = rows.write_block(rows.plan_segments(traj, done, terminated=done), base=0, fresh_start={0: True})
+        >>> window, valid = history_window(rows, torch.tensor([0, 1, 3]), 2)  # 3 steps, then the terminal row
+        >>> window.tolist(), valid.tolist()
+        ([[0, 0], [1, 0], [1, 2]], [[False, False], [False, True], [True, True]])
     """
     M = slots.numel()
     window = slots.reshape(-1, 1).repeat(1, length)
