@@ -22,6 +22,9 @@
   ``run_rules`` for a model ``fused_unizero_weights`` accepts; others keep
   the torch step).
 * Replay: MuZero's targets, with the future observations (the latent term).
+  The target model's bootstrap values and the reanalyze searches start from
+  the root acting builds at that position: the buffer rebuilds the same
+  history window from its stored episode (``GameBuffer(root_memory=...)``).
 """
 from __future__ import annotations
 
@@ -116,6 +119,8 @@ UNIZERO = register(
         build_loss=_loss,
         needs_future_observations=lambda cfg: True,  # the latent term's targets
         acting_memory=_memory,
+        # bootstrap values and reanalyze roots see the history acting sees (None at context 0: no history)
+        buffer_kwargs=lambda cfg: {"root_memory": _memory(cfg)},
         config_keys=_KEYS,
         summary="UniZero: transformer world model over [z, a] tokens, exact per-node KV cache, "
                 "acting from the last context_length raw steps",

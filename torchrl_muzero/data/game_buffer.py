@@ -59,6 +59,7 @@ from torchrl_muzero.data import buffer_state
 from torchrl_muzero.data.frames import FrameStack
 from torchrl_muzero.data.priority import PriorityTree
 from torchrl_muzero.data.reanalyze import ReanalyzeSearch, muzero_reanalyze
+from torchrl_muzero.data.root_history import check_root_memory
 from torchrl_muzero.data.rollout_reader import RowSpec, check_continuations, episode_starts, read_rollout
 from torchrl_muzero.data.storage_rows import STEP, RowTable
 from torchrl_muzero.data.sample_batch import assemble_batch
@@ -133,6 +134,15 @@ class GameBuffer:
             False (plain n-step returns, as LightZero).
         correction_age_scale (float): policy versions per step of horizon
             lost; required with ``off_policy_correction``.
+        root_memory (HistoryWindowMemory, optional): the acting memory of a
+            policy that acts from history (UniZero). The target model's
+            bootstrap values and the reanalyze searches then start from the
+            root acting builds at that position: the current observation and
+            the previous ``root_memory.context_length`` observations and
+            actions of the same episode (fewer near its start, none across
+            it; :mod:`~torchrl_muzero.data.root_history`). A custom
+            ``reanalyze_search`` then gets that root as ``root=``. Default
+            none: both see the observation alone.
         target_builders (list of TargetBuilder): add entries to every sample
             after the MuZero targets, e.g.
             :class:`~torchrl_muzero.data.ValuePrefixTargets` for EfficientZero
@@ -212,6 +222,7 @@ class GameBuffer:
         value_bootstrap: str = "auto",
         off_policy_correction: bool = False,
         correction_age_scale: float | None = None,
+        root_memory: Any = None,
         target_builders: Iterable[TargetBuilder] | None = None,
         device: torch.device | str | None = None,
         storage_device: torch.device | str = "cpu",
@@ -266,6 +277,7 @@ class GameBuffer:
         self.value_bootstrap = value_bootstrap
         self.off_policy_correction = bool(off_policy_correction)
         self.correction_age_scale = None if correction_age_scale is None else float(correction_age_scale)
+        self.root_memory = check_root_memory(root_memory, self.two_player)
         self.target_builders = check_target_builders(target_builders)
         self.device = None if device is None else torch.device(device)
         self.storage_device = torch.device(storage_device)

@@ -25,6 +25,7 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 import torch
+from tensordict import TensorDictBase
 
 __all__ = ["ReanalyzeSearch", "bootstrap_values", "model_device", "muzero_reanalyze", "reanalyze_policies"]
 
@@ -44,6 +45,8 @@ def muzero_reanalyze(config: Any, search: Callable[..., Any] | None = None) -> R
             add_noise=, generator=) -> SearchResult`` (the signature of
             :func:`~torchrl_muzero.mcts.search`, which is the default);
             its ``search_policy`` (normalised root visit counts) is the target.
+            When the buffer has a ``root_memory`` it also passes ``root=``
+            (the history-window root), which ``search`` must then take.
 
     Examples:
         >>> import torch
@@ -57,13 +60,15 @@ def muzero_reanalyze(config: Any, search: Callable[..., Any] | None = None) -> R
         (torch.Size([5, 2]), True)
     """
 
-    def search_policy(model, observation, action_mask, to_play, add_noise, generator) -> torch.Tensor:
+    def search_policy(model, observation, action_mask, to_play, add_noise, generator, root=None) -> torch.Tensor:
         run = search
         if run is None:
             from torchrl_muzero.mcts import search as run  # imported late: the search package is heavier
 
+        # root= only when the buffer built one (a history window): a search without that argument still works
+        extra = {} if root is None else {"root": root}
         result = run(model, observation, config, action_mask=action_mask, to_play=to_play,
-                     add_noise=add_noise, generator=generator)
+                     add_noise=add_noise, generator=generator, **extra)
         return result.search_policy
 
     search_policy.config = config  # for inspection only
@@ -105,23 +110,32 @@ def reanalyze_policies(
     generator: torch.Generator | None,
     num_actions: int,
     device: torch.device | None = None,
+    memory: Any = None,
+    history: TensorDictBase | None = None,
 ) -> torch.Tensor:
     """Run ``search`` on ``observation`` ``[n, *obs]``; the policies ``[n, A]`` as float32 on the CPU.
 
     Inputs go to :func:`model_device`; ``generator`` is passed only when that
-    is the CPU. Raises ``ValueError`` when the search returns another shape
-    than ``[n, num_actions]``.
+    is the CPU. With an acting ``memory`` and each position's ``history``
+    ``[n]`` (:mod:`torchrl_muzero.data.root_history`) the search starts from
+    ``memory.root(...)``, the root acting builds, passed as ``root=``. Raises
+    ``ValueError`` when the search returns another shape than ``[n, num_actions]``.
     """
     dev = model_device(model, device)
     n = observation.shape[0]
     with _evaluating(model):
+        obs = observation.to(dev)
+        extra = {}
+        if memory is not None:
+            extra["root"] = memory.root(model, obs, history.to(dev))
         policy = search(
             model,
-            observation.to(dev),
+            obs,
             None if action_mask is None else action_mask.to(dev),
             None if to_play is None else to_play.to(dev),
             bool(add_noise),
             generator if dev.type == "cpu" else None,
+            **extra,
         )
     policy = torch.as_tensor(policy)
     if tuple(policy.shape) != (n, num_actions):
@@ -132,8 +146,19 @@ def reanalyze_policies(
     return policy.detach().float().cpu()
 
 
-def bootstrap_values(model: Any, observation: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+def bootstrap_values(
+    model: Any,
+    observation: torch.Tensor,
+    device: torch.device | None = None,
+    memory: Any = None,
+    history: TensorDictBase | None = None,
+) -> torch.Tensor:
     """``model``'s value estimate ``[n]`` (float32, CPU) of ``observation`` ``[n, *obs]``.
+
+    With an acting ``memory`` and each position's ``history`` ``[n]``
+    (:mod:`torchrl_muzero.data.root_history`) it is the value of the root
+    acting builds there (``memory.root``), so a model that acts from history
+    is asked about the state it acts from; otherwise ``initial_inference``'s.
 
     Examples:
         >>> import torch
@@ -145,6 +170,8 @@ def bootstrap_values(model: Any, observation: torch.Tensor, device: torch.device
     """
     dev = model_device(model, device)
     with _evaluating(model):
+        if memory is not None:
+            return memory.root(model, observation.to(dev), history.to(dev)).value.float().reshape(-1).cpu()
         _, _, value_logits = model.initial_inference(observation.to(dev))
         support = model.value_support
         decode = getattr(support, "decode_fast", support.decode)  # same value, fewer kernels

@@ -4,7 +4,8 @@
 roots and their importance weights; :func:`assemble_batch` walks each root's
 ``K + n + 1`` rows, rebuilds every observation it needs once (roots, future
 observations, bootstrap states and reanalyze roots share one de-duplicated
-request), computes the value / reward / policy targets and lets the buffer's
+request; with a ``root_memory`` the history windows of the bootstrap states and
+reanalyze roots too), computes the value / reward / policy targets and lets the buffer's
 target builders add their entries. It reads the buffer's state and changes
 nothing but the buffer's generator; it lives apart from ``game_buffer.py``
 because it is the one long piece of the sampling path.
@@ -18,6 +19,7 @@ from tensordict import TensorDict
 
 from torchrl_muzero.data.off_policy_correction import corrected_td_steps, shorten_horizon
 from torchrl_muzero.data.reanalyze import bootstrap_values, reanalyze_policies
+from torchrl_muzero.data.root_history import history_window, window_memory
 from torchrl_muzero.data.target_builders import TargetContext
 from torchrl_muzero.data.targets import plan_value_targets, reward_targets, value_targets
 
@@ -66,13 +68,21 @@ def assemble_batch(
         future_ok = (exists[:, 1 : K + 1] | plan.absorbing[:, 1:])
         requests.append(slots[:, 1 : K + 1][future_ok])
     use_model_value = target_model is not None
+    memory = buffer.root_memory  # acting from history: the model-made targets start from the same window
+    windows = {}
     if use_model_value:
         requests.append(end_slots[need_boot])
+        if memory is not None:
+            windows["boot"] = history_window(buffer._rows, end_slots[need_boot], memory.context_length)
+            requests.append(windows["boot"][0].reshape(-1))
     re_pos = None
     if n_re > 0:
         re_pos = step_k.clone()
         re_pos[n_re:] = False
         requests.append(slots[:, : K + 1][re_pos])
+        if memory is not None:
+            windows["re"] = history_window(buffer._rows, slots[:, : K + 1][re_pos], memory.context_length)
+            requests.append(windows["re"][0].reshape(-1))
     unique, inverse = torch.unique(torch.cat(requests), return_inverse=True)
     obs_unique = buffer._observations(unique)
     pieces = list(torch.split(inverse, [r.numel() for r in requests]))
@@ -91,9 +101,11 @@ def assemble_batch(
     # value targets
     if use_model_value:
         idx = pieces.pop(0)
+        history = _history(buffer, windows["boot"], obs_unique[pieces.pop(0)]) if memory is not None else None
         boot_values = torch.zeros(B, K + 1)
         if idx.numel():
-            boot_values[need_boot] = bootstrap_values(target_model, obs_unique[idx], buffer.device)
+            boot_values[need_boot] = bootstrap_values(target_model, obs_unique[idx], buffer.device,
+                                                      memory=memory, history=history)
     else:
         stored = steps["root_value"].cpu().gather(1, plan.end)
         boot_values = torch.where(is_step.gather(1, plan.end), stored, zero)
@@ -104,6 +116,7 @@ def assemble_batch(
     target_policy = torch.where(step_k.unsqueeze(-1), head["search_policy"].cpu(), zero)
     if re_pos is not None and bool(re_pos.any()):
         idx = pieces.pop(0)
+        history = _history(buffer, windows["re"], obs_unique[pieces.pop(0)]) if memory is not None else None
         mask = head["action_mask"].cpu()[re_pos] if buffer._spec.has_action_mask else None
         to_play = None
         if buffer.two_player:  # the search plays both sides when it gets players to move
@@ -113,7 +126,7 @@ def assemble_batch(
             )
         target_policy[re_pos] = reanalyze_policies(
             buffer._reanalyze_search(), model, obs_unique[idx], mask, to_play, add_noise=buffer.reanalyze_noise,
-            generator=buffer._generator, num_actions=A, device=buffer.device,
+            generator=buffer._generator, num_actions=A, device=buffer.device, memory=memory, history=history,
         )
 
     random_actions = torch.randint(A, (B, K + 1), generator=g)
@@ -146,3 +159,12 @@ def assemble_batch(
             if missing:
                 raise RuntimeError(f"{builder!r} did not write its out_keys {missing}.")
     return out.to(out_device)
+
+
+def _history(buffer: GameBuffer, window: tuple[torch.Tensor, torch.Tensor], observations: torch.Tensor) -> TensorDict:
+    """The acting memory of ``window`` (:func:`history_window`'s slots and valid ``[M, L]``) from its rebuilt
+    ``observations [M * L, *obs]`` and the stored actions of its rows."""
+    slots, valid = window
+    M, L = slots.shape
+    actions = buffer._step_store.get(slots.reshape(-1))["action"].cpu().reshape(M, L)
+    return window_memory(buffer.root_memory, observations.reshape(M, L, *observations.shape[1:]), actions, valid)

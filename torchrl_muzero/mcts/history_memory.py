@@ -118,6 +118,28 @@ class HistoryWindowMemory(ActingMemory):
                            next_observations=window[:, 1:].to(self.observation_dtype),
                            next_actions=memory["history_action"], next_count=(count + 1).clamp(max=L))
 
+    def memory_from_steps(self, observations: torch.Tensor, actions: torch.Tensor, count: torch.Tensor) -> TensorDict:
+        """The memory an env carries after ``count [M]`` real steps of its episode, rebuilt from stored steps.
+
+        ``observations [M, L, *obs]`` and ``actions [M, L]`` are oldest first,
+        the real ones the last ``count`` of each row (the replay buffer's
+        history windows, :mod:`torchrl_muzero.data.root_history`). The other
+        entries are zeroed, as the primer's zeros are when they shift out, so
+        :meth:`root` sees exactly what it sees while acting.
+        """
+        L = self.context_length
+        M = count.shape[0]
+        if observations.shape[:2] != (M, L) or actions.shape != (M, L):
+            raise ValueError(f"memory_from_steps expects observations [M, {L}, *obs] and actions [M, {L}] for "
+                             f"count [M = {M}], got {tuple(observations.shape)} and {tuple(actions.shape)}.")
+        count = count.long().clamp(0, L)
+        real = torch.arange(L, device=count.device)[None] >= (L - count)[:, None]  # the last count steps
+        shape = (M, L) + (1,) * (observations.dim() - 2)
+        obs = torch.where(real.reshape(shape), observations, torch.zeros((), dtype=observations.dtype))
+        return TensorDict({"history_observation": obs.to(self.observation_dtype),
+                           "history_action": torch.where(real, actions.long(), 0),
+                           "history_count": count}, batch_size=[M])
+
     def advance(self, model, root: ModelStep, action: torch.Tensor, memory: TensorDictBase) -> TensorDictBase:
         if not isinstance(root, _WindowRoot):
             raise TypeError("HistoryWindowMemory.advance expects the root its own root() returned.")
