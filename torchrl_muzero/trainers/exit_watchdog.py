@@ -64,12 +64,17 @@ class _Watchdog(threading.Thread):
         line = (f"torchrl_muzero: the process had not exited {self.timeout_s:.0f} s after the run ended "
                 f"(a thread, an exit handler or a child process blocked the interpreter's exit); "
                 f"forcing exit status {self.exit_code}. Thread stacks:")
-        _report(line, self.run_dir)
-        for child in multiprocessing.active_children():  # no orphans: they would outlive us
-            try:
-                child.kill()
-            except Exception:
-                pass
+        try:
+            _report(line, self.run_dir)
+            # no orphans: they would outlive us (the main thread may be iterating the same children
+            # in multiprocessing's exit handler, so nothing here may stop us from reaching os._exit)
+            for child in multiprocessing.active_children():
+                try:
+                    child.kill()
+                except Exception:
+                    pass
+        except Exception:
+            pass
         try:
             sys.stdout.flush()
             sys.stderr.flush()
