@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from pipeline_utils import _is_zombie
 from torchrl_muzero.trainers.exit_watchdog import ENV_VAR, REPORT_NAME, arm_exit_watchdog, disarm_exit_watchdog
 
 BLOCKED_BY_A_CHILD = """
@@ -50,14 +51,6 @@ if __name__ == "__main__":
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _run(tmp_path, source: str, *args: str, watchdog_s: str = "2") -> tuple[subprocess.CompletedProcess, float]:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(source))
@@ -78,9 +71,9 @@ def test_a_child_that_never_ends_cannot_keep_the_process_alive(tmp_path):
     assert "forcing exit status 130" in (tmp_path / REPORT_NAME).read_text()
     child = int(proc.stdout.split("child", 1)[1].split()[0])
     deadline = time.monotonic() + 5
-    while _alive(child) and time.monotonic() < deadline:
+    while not _is_zombie(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(child), "the watchdog left the blocking child alive"
+    assert _is_zombie(child), "the watchdog left the blocking child alive"
 
 
 def test_a_blocked_exit_handler_ends_with_the_status_main_returned(tmp_path):
