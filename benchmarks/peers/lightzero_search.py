@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_common as pc  # noqa: E402
 
 pc.single_thread()
+pc.pin_to_one_core()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -1,7 +1,8 @@
 """What every peer runner shares: numpy only, so it imports in any venv (numpy 1.x or 2.x).
 
 * :func:`single_thread` sets the one-thread flags (OpenMP, MKL, OpenBLAS, XLA)
-  and must run before torch / jax are imported.
+  and must run before torch / jax are imported; :func:`pin_to_one_core` keeps
+  the process on one core.
 * :func:`load_case` reads the .npz of ``export_case.py``.
 * :class:`NumpyMLP` is the exported network in numpy, the reference the
   runners' own (torch / jax) forwards are checked against, itself checked
@@ -10,7 +11,7 @@
 * :func:`time_search` runs a search ``rounds`` times per batch size
   (:func:`time_searches` several searches, round-robin) and prints one JSON
   line per round: ``{"impl", "variant", "B", "round", "seconds",
-  "searches_per_s"}``.
+  "searches_per_s", "cpu_per_wall"}``.
 """
 from __future__ import annotations
 
@@ -34,6 +35,26 @@ def single_thread() -> None:
     """One compute thread for numpy / torch / XLA (call before importing them)."""
     for key, value in ONE_THREAD_ENV.items():
         os.environ.setdefault(key, value)
+
+
+def pin_to_one_core() -> int:
+    """Pin this process (and the processes it starts later) to one core; returns the core.
+
+    The one-thread flags alone do not keep every implementation on one core:
+    jax 0.10's XLA CPU runtime still ran mctx's jitted searches on ~1.5 cores
+    of this 2-core machine (process CPU time / wall clock 1.4-1.6 at B = 256
+    with the flags set). Every runner therefore pins itself, to the lowest core
+    it may use (``TORCHRL_MUZERO_BENCH_CORE`` picks another), and the peer
+    runners that ``run_peers.py`` starts inherit its mask: every implementation
+    runs on the same core, one after the other. Each timed round records
+    ``cpu_per_wall``, which stays ~1 when this holds.
+    """
+    allowed = sorted(os.sched_getaffinity(0))
+    core = int(os.environ.get("TORCHRL_MUZERO_BENCH_CORE", allowed[0]))
+    if core not in allowed:
+        raise SystemExit(f"TORCHRL_MUZERO_BENCH_CORE is {core}, but this process may only use cores {allowed}")
+    os.sched_setaffinity(0, {core})
+    return core
 
 
 def emit(record: dict) -> None:
@@ -245,11 +266,14 @@ def time_searches(runs: dict[str, Callable[[int], object]], variant: str, batche
                 run(B)
         for r in range(rounds):
             for impl, run in runs.items():
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 run(B)
                 seconds = time.perf_counter() - start
+                # the process's CPU time over the wall clock: ~1 for one thread; above 1 means the
+                # implementation ran on more than one core despite the one-thread flags
+                cpu_per_wall = (time.process_time() - cpu_start) / seconds
                 rec = {"impl": impl, "variant": variant, "B": int(B), "round": r, "seconds": seconds,
-                       "searches_per_s": B / seconds, **extra}
+                       "searches_per_s": B / seconds, "cpu_per_wall": round(cpu_per_wall, 3), **extra}
                 emit(rec)
                 records.append(rec)
     return records

@@ -247,6 +247,14 @@ def table(records: list[dict]) -> str:
         row = [f"{statistics.median(cells[(variant, B, i)]):15.1f}" if (variant, B, i) in cells else f"{'-':>15}"
                for i in impls]
         lines.append(f"{variant:<17} {B:>4} " + " ".join(row))
+    # an implementation that used more than one core is not timed like the others (see single_thread)
+    multi = {}
+    for r in timed:
+        if r.get("cpu_per_wall", 1.0) > 1.15:
+            multi.setdefault(r["impl"], []).append(r["cpu_per_wall"])
+    for impl, ratios in multi.items():
+        lines.append(f"WARNING: {impl} used more than one core in {len(ratios)} rounds "
+                     f"(CPU time / wall clock up to {max(ratios):.2f}): its figures are not one-core figures")
     for kind in ("network", "stochastic_network", "efficientzero_network"):
         checks = [r for r in records if r.get("check") == kind]
         if checks:
@@ -269,6 +277,7 @@ def main() -> None:
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     batches = [int(b) for b in args.batches.split(",")]
+    core = pc.pin_to_one_core()  # ours in this process, each peer's runner after it: the same core
     load = {"loadavg_start": os.getloadavg()}
     records = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -282,7 +291,7 @@ def main() -> None:
     print()
     print(table(records))
     print(f"load average (1, 5, 15 min) at start {tuple(round(x, 2) for x in load['loadavg_start'])}, "
-          f"at end {tuple(round(x, 2) for x in load['loadavg_end'])}; {os.cpu_count()} cores")
+          f"at end {tuple(round(x, 2) for x in load['loadavg_end'])}; {os.cpu_count()} cores, all timed on core {core}")
     if args.json_out:
         with open(args.json_out, "w") as f:
             for r in records + [load]:

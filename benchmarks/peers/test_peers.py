@@ -2,6 +2,7 @@
 
 Run: python -m pytest -q benchmarks/peers/test_peers.py
 """
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,6 +73,21 @@ def test_table_lays_out_medians():
              {"impl": "a", "check": "network", "max_abs_diff": 0.0}]
     out = run_peers.table(recs)
     assert "2.0" in out and "10.0" in out and "network check" in out
+
+
+def test_table_warns_about_an_implementation_on_more_than_one_core():
+    recs = [{"impl": "a", "variant": "muzero", "B": 1, "searches_per_s": 1.0, "cpu_per_wall": 1.0},
+            {"impl": "b", "variant": "muzero", "B": 1, "searches_per_s": 2.0, "cpu_per_wall": 1.6}]
+    out = run_peers.table(recs)
+    assert "WARNING: b used more than one core in 1 rounds" in out and "WARNING: a" not in out
+
+
+def test_runners_are_pinned_to_one_core():
+    # every runner pins itself (run_peers.py in main(), before it starts the peers' runners)
+    code = ("import os, sys; sys.path.insert(0, %r); import peer_common as pc; pc.pin_to_one_core(); "
+            "print(len(os.sched_getaffinity(0)))" % str(Path(run_peers.__file__).parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "1"
 
 
 def test_stochastic_case_and_numpy_reference(case, capsys):
