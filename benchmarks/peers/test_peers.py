@@ -80,6 +80,7 @@ def test_table_warns_about_an_implementation_on_more_than_one_core():
             {"impl": "b", "variant": "muzero", "B": 1, "searches_per_s": 2.0, "cpu_per_wall": 1.6}]
     out = run_peers.table(recs)
     assert "WARNING: b used more than one core in 1 rounds" in out and "WARNING: a" not in out
+    assert "searches per CPU-second" in out and "1.2" in out  # b: 2.0 searches/s on 1.6 cores
 
 
 def test_runners_are_pinned_to_one_core():
