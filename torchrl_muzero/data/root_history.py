@@ -29,7 +29,7 @@ from torchrl_muzero.data.storage_rows import STEP
 if TYPE_CHECKING:
     from torchrl_muzero.data.storage_rows import RowTable
 
-__all__ = ["check_root_memory", "history_window", "window_memory"]
+__all__ = ["check_root_memory", "history_window"]
 
 
 def check_root_memory(memory: Any, two_player: bool) -> Any:
@@ -88,7 +88,3 @@ def history_window(rows: "RowTable", slots: torch.Tensor, length: int) -> tuple[
         valid[:, length - back] = ok
     return window, valid
 
-
-def window_memory(memory: Any, observations: torch.Tensor, actions: torch.Tensor, valid: torch.Tensor) -> TensorDict:
-    """The acting memory of the windows: ``observations [M, L, *obs]``, ``actions [M, L]``, ``valid [M, L]``."""
-    return memory.memory_from_steps(observations, actions, valid.sum(1))

@@ -19,7 +19,7 @@ from tensordict import TensorDict
 
 from torchrl_muzero.data.off_policy_correction import corrected_td_steps, shorten_horizon
 from torchrl_muzero.data.reanalyze import bootstrap_values, reanalyze_policies
-from torchrl_muzero.data.root_history import history_window, window_memory
+from torchrl_muzero.data.root_history import history_window
 from torchrl_muzero.data.target_builders import TargetContext
 from torchrl_muzero.data.targets import plan_value_targets, reward_targets, value_targets
 
@@ -167,4 +167,6 @@ def _history(buffer: GameBuffer, window: tuple[torch.Tensor, torch.Tensor], obse
     slots, valid = window
     M, L = slots.shape
     actions = buffer._step_store.get(slots.reshape(-1))["action"].cpu().reshape(M, L)
-    return window_memory(buffer.root_memory, observations.reshape(M, L, *observations.shape[1:]), actions, valid)
+    # the memory acting would carry there, from the window's steps (the memory's own packing)
+    return buffer.root_memory.memory_from_steps(observations.reshape(M, L, *observations.shape[1:]), actions,
+                                                valid.sum(1))
