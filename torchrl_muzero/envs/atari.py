@@ -361,7 +361,9 @@ POOLS = ("serial", "parallel", "async")
 
 
 def _seeded_single_atari_env(env_cfg, training: bool, max_pool_frames: bool, seed: int | None) -> EnvBase:
-    env = make_single_atari_env(env_cfg, training, max_pool_frames)
+    # RewardSum runs inside each game of an async pool: a collector that steps the ready games
+    # (ReadyStepCollector) runs no per-step transform around the pool, which sees one game at a time
+    env = TransformedEnv(make_single_atari_env(env_cfg, training, max_pool_frames), RewardSum())
     if seed is not None:
         env.set_seed(seed)
     return env
@@ -431,8 +433,8 @@ def make_atari_env(env_cfg, num_envs: int, training: bool = True, *, parallel: b
 
         factories = [functools.partial(_seeded_single_atari_env, env_cfg, training, max_pool_frames, s)
                      for s in child_seeds(seed, num_envs)]
-        env = GuardedAsyncEnvPool(factories, backend="multiprocessing", exchange="shm")
-    else:
-        factory = functools.partial(make_single_atari_env, env_cfg, training, max_pool_frames)
-        env = ParallelEnv(num_envs, factory) if pool == "parallel" else SerialEnv(num_envs, factory)
+        # each game sums its own rewards (see _seeded_single_atari_env): no transform outside the pool
+        return TransformedEnv(GuardedAsyncEnvPool(factories, backend="multiprocessing", exchange="shm"))
+    factory = functools.partial(make_single_atari_env, env_cfg, training, max_pool_frames)
+    env = ParallelEnv(num_envs, factory) if pool == "parallel" else SerialEnv(num_envs, factory)
     return TransformedEnv(env, RewardSum())

@@ -61,7 +61,7 @@ from torchrl.envs import AsyncEnvPool, EnvBase, TransformedEnv
 from torchrl.envs.transforms import Compose, TensorDictPrimer
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-__all__ = ["ReadyStepCollector", "split_ready_env"]
+__all__ = ["ReadyStepCollector", "steps_ready_games", "split_ready_env"]
 
 _TRAJ_KEY = ("collector", "traj_ids")
 
@@ -114,6 +114,25 @@ def split_ready_env(env: EnvBase) -> tuple[AsyncEnvPool, list[TensorDictPrimer]]
     if not isinstance(node, AsyncEnvPool):
         raise ValueError(f"ReadyStepCollector steps an AsyncEnvPool's games; the env's base is a {type(node).__name__}.")
     return node, primers
+
+
+def steps_ready_games(cfg) -> bool:
+    """Whether a run's collectors step the games that are ready (:class:`ReadyStepCollector`).
+
+    True for ``env.pool=async`` (Atari) with more than one game per collector:
+    :func:`~torchrl_muzero.envs.make_env` then builds the guarded
+    ``AsyncEnvPool``; otherwise torchrl's ``Collector`` steps the batch.
+
+    Examples:
+        >>> from torchrl_muzero.trainers.config import load_config
+        >>> steps_ready_games(load_config({"env": {"kind": "atari", "id": "ALE/Pong-v5", "pool": "async"}}))
+        True
+        >>> steps_ready_games(load_config({}))
+        False
+    """
+    from torchrl_muzero.trainers.config_checks import effective_pool
+
+    return cfg.env.kind == "atari" and effective_pool(cfg.env) == "async" and cfg.env.num_envs > 1
 
 
 def _env_ids(td: TensorDictBase, key: str) -> list[int]:
