@@ -80,11 +80,15 @@ on ``env_index``, the shm exchange dropping outer-transform keys and rewards,
 the shutdown spin). Its games are seeded in their factories with the seeds
 ``SerialEnv.set_seed(seed)`` would give them
 (:func:`~torchrl_muzero.trainers.torchrl_guards.child_seeds`), so a seeded
-async pool plays the same games as a seeded ``SerialEnv``. Under torchrl's
-``Collector`` an async pool steps all its games each step, as
-``ParallelEnv`` does; its ``async_step_send`` / ``async_step_recv`` step
-whichever games are ready. A daemonic process (such as the evaluator
-processes) may not start children: there every pool is ``SerialEnv``.
+async pool plays the same games as a seeded ``SerialEnv``. Each game of an
+async pool sums its own rewards (``RewardSum`` inside the game, not around
+the pool), so that
+:class:`~torchrl_muzero.trainers.ready_collector.ReadyStepCollector`, which
+the trainers use for ``env.pool=async``, can step whichever games are ready
+with no per-step transform around the pool; under torchrl's ``Collector``
+the pool steps all its games each step, as ``ParallelEnv`` does. A daemonic
+process (such as the evaluator processes) may not start children: there
+every pool is ``SerialEnv``.
 
 Rewards are not clipped: MuZero learns values and rewards on a transformed
 categorical support.

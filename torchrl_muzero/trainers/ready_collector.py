@@ -372,7 +372,12 @@ class ReadyStepCollector(BaseCollector):
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
         """Close the env (and its pool's workers); steps still in flight are dropped with it."""
-        if close_env and self.env is not None and not self.env.is_closed:
+        if not close_env:
+            return
+        # the pool first: an unguarded AsyncEnvPool reads closed while its workers run (bug 6d, env_pools.py)
+        if not self.pool.is_closed:
+            self.pool.close(raise_if_closed=False)
+        if not self.env.is_closed:
             self.env.close(raise_if_closed=False)
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
