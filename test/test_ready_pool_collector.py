@@ -18,7 +18,7 @@ from torchrl.collectors import Collector
 from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
 
-from pipeline_utils import live_descendants
+from pipeline_utils import _is_resource_tracker, live_descendants, processes_with_marker
 from torchrl_muzero.trainers.ready_collector import ReadyStepCollector, split_ready_env
 from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool
 
@@ -213,7 +213,7 @@ def test_env_pool_async_with_ray_is_refused_at_config_check():
 
 @pytest.mark.slow  # Pong: two collector workers, each with a pool of two game processes
 @pytest.mark.timeout(300)
-def test_tiny_pong_async_pipeline_with_ready_stepping(tmp_path):
+def test_tiny_pong_async_pipeline_with_ready_stepping(tmp_path, monkeypatch):
     from torchrl_muzero.trainers import AsyncTrainer
     from torchrl_muzero.trainers.checkpoint import load_checkpoint
     from torchrl_muzero.trainers.hydra_entry import compose_config
@@ -227,6 +227,9 @@ def test_tiny_pong_async_pipeline_with_ready_stepping(tmp_path):
         "train.total_env_steps=192", "train.train_start_after_envsteps=64", "train.frames_per_batch=32",
         "train.replay_ratio=0.1", "train.checkpoint_interval=5", "eval.num_episodes=1", "eval.interval=4",
     ])
+    # every process of the run inherits the marker: pool workers orphaned by a collector worker show up too
+    marker = f"ready-pool-{tmp_path.name}"
+    monkeypatch.setenv("TORCHRL_MUZERO_TEST_MARKER", marker)
     trainer = AsyncTrainer(cfg)
     shapes = []
     take = trainer._take_batch
@@ -238,3 +241,11 @@ def test_tiny_pong_async_pipeline_with_ready_stepping(tmp_path):
     state = load_checkpoint(tmp_path / "ckpt" / "last.pt")
     assert state["counters"]["train_iter"] == summary["train_iter"]
     assert not live_descendants()
+
+    def leftovers():  # multiprocessing's resource tracker lives as long as this process, by design
+        return [pid for pid in processes_with_marker(marker) if not _is_resource_tracker(pid)]
+
+    deadline = time.monotonic() + 10.0
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not leftovers(), "game processes outlived the run"

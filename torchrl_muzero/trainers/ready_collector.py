@@ -264,7 +264,8 @@ class ReadyStepCollector(BaseCollector):
         self._root_keys = list(dict.fromkeys(k for k in spec_keys if k not in self.pool.action_keys))
         self._carrier: TensorDictBase | None = None  # [num_envs]: each game's next root
         self._ready: list[int] = []  # games whose root waits for an action
-        self._in_flight: dict[int, TensorDictBase] = {}  # game -> the policy row whose action it is stepping
+        self._in_flight: dict[int, None] = {}  # the games stepping an action (ordered set)
+        self._acted: TensorDictBase | None = None  # [num_envs]: the policy row whose action each game steps
         self._carry: deque[TensorDictBase] = deque()  # finished frames beyond the last batch
         self._frames = 0
         self._iter = -1
@@ -294,8 +295,11 @@ class ReadyStepCollector(BaseCollector):
             out = self.policy(rows)
         if self.policy_device is not None and self.policy_device.type != "cpu":
             out = out.to("cpu")
-        for game, row in zip(ids, out.unbind(0)):
-            self._in_flight[game] = row
+        index = torch.tensor(ids)
+        if self._acted is None:  # [num_envs] rows, one per game: written when it acts, read when its step ends
+            self._acted = out[:1].expand(self.num_envs).clone()
+        self._acted[index] = out
+        self._in_flight.update(dict.fromkeys(ids))
         self.pool.async_step_and_maybe_reset_send(out, env_index=ids)
 
     def _finish(self) -> TensorDictBase:
@@ -307,7 +311,9 @@ class ReadyStepCollector(BaseCollector):
             raise RuntimeError("AsyncEnvPool returned its transitions and next roots in different orders.")
         transitions = _dense(transitions, self._idx_key)
         roots = _dense(roots, self._idx_key).select(*self._root_keys, strict=False)
-        acted = torch.stack([self._in_flight.pop(game) for game in ids])
+        for game in ids:
+            del self._in_flight[game]
+        acted = self._acted[torch.tensor(ids)]
         frames = acted.exclude("next")
         nxt = transitions.get("next")
         if "next" in acted.keys():  # what the policy wrote for the next step (its acting memory)
