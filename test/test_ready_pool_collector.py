@@ -249,3 +249,44 @@ def test_tiny_pong_async_pipeline_with_ready_stepping(tmp_path, monkeypatch):
     while leftovers() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not leftovers(), "game processes outlived the run"
+
+
+class _Versioned(TensorDictModuleBase):
+    """_RulePolicy that writes the version it acted with, as the trainers' policies do."""
+
+    in_keys = ["observation"]
+    out_keys = ["action", "policy_version"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = 0
+        self.rule = _RulePolicy()
+
+    def forward(self, td):
+        td = self.rule(td)
+        td["policy_version"] = torch.full(td.shape, self.version, dtype=torch.long)
+        return td
+
+
+def test_frames_keep_the_version_that_chose_their_action():
+    """Weights change between collects; a game still stepping then finishes with the action of the old version."""
+    policy = _Versioned()
+    # the fast games' 10 ms steps make 24 frames last longer than what is left of the slow game's step
+    collector = ReadyStepCollector(TransformedEnv(_pool([0.05, 0.01, 0.01])), policy, frames_per_batch=12)
+    batches = iter(collector)
+    try:
+        first = next(batches)
+        assert first["policy_version"].eq(0).all()
+        assert collector._in_flight, "the slow game should still be stepping at the end of the collect"
+        stepping = sorted(collector._in_flight)
+        finished = [int(g) for chunk in collector._carry for g in chunk["observation"][:, 0]]  # beyond the budget
+        policy.version = 1  # the learner moved on between the collects
+        second = torch.cat([next(batches), next(batches)])
+    finally:
+        collector.shutdown()
+    old = second["policy_version"] == 0
+    games = second["observation"][:, 0].long().tolist()
+    # old-version frames: the finished steps carried over, then one per game that was stepping at the boundary
+    assert sorted(g for g, o in zip(games, old.tolist()) if o) == sorted(finished + stepping)
+    assert int(old.sum()) == len(finished) + len(stepping)
+    assert second["policy_version"][~old].eq(1).all()
