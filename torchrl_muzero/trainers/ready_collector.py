@@ -151,7 +151,7 @@ def _dense(td: TensorDictBase, drop: str) -> TensorDictBase:
     """A dense copy without the pool's non-tensor ``env_index`` (the pool's lazy stacks alias its slots)."""
     td = td.exclude(drop)
     if isinstance(td, LazyStackedTensorDict):
-        return td.densify() if hasattr(td, "densify") else torch.stack(list(td.unbind(0)))
+        return td.contiguous()  # one dense TensorDict (every game has the same shapes)
     return td.clone()
 
 
