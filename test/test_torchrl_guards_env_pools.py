@@ -1,4 +1,4 @@
-"""Regression tests for the AsyncEnvPool guards in ``trainers/torchrl_guards/env_pools.py`` (torchrl PR 4701, bugs 6a-6c).
+"""Regression tests for the AsyncEnvPool guards in ``trainers/torchrl_guards/env_pools.py`` (torchrl 0.14.1, bugs 6a-6d).
 
 Each guard is shown necessary by building the same pool with that one guard
 left out (the ``Without*`` classes below): the test then fails the way
@@ -25,6 +25,7 @@ from pipeline_utils import live_descendants
 from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool, asyncenvpool_bugs, asyncenvpool_is_fixed
 from torchrl_muzero.trainers.torchrl_guards.env_pools import (
     ASYNCENVPOOL_BUGS,
+    ClosedStateGuard,
     EnvIndexGuard,
     GuardedProcessorAsyncEnvPool,
     GuardedThreadingAsyncEnvPool,
@@ -54,6 +55,10 @@ class ProcessesWithoutShmExchangeGuard(*_without(GuardedProcessorAsyncEnvPool, S
 
 
 class ProcessesWithoutPartialResetGuard(*_without(GuardedProcessorAsyncEnvPool, PartialResetGuard)):
+    pass
+
+
+class ProcessesWithoutClosedStateGuard(*_without(GuardedProcessorAsyncEnvPool, ClosedStateGuard)):
     pass
 
 
@@ -285,6 +290,27 @@ def test_child_seeds_reproduce_serialenv_seeding():
         GuardedProcessorAsyncEnvPool._set_seed(None, 0)
 
 
+# ---------------------------------------------------------- 6d: is_closed
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("guarded", [True, False])
+def test_collector_shutdown_stops_the_pool_workers(guarded):
+    """Bug 6d: torchrl's pool reads closed while its workers run, so Collector.shutdown leaves them running."""
+    cls = GuardedProcessorAsyncEnvPool if guarded else ProcessesWithoutClosedStateGuard
+    pool = cls(_factories(1), backend="multiprocessing")
+    workers = list(pool.threads)
+    # endless, as the trainers run it (a collector that reaches total_frames closes its env itself)
+    collector = Collector(pool, policy=None, frames_per_batch=4, total_frames=-1)
+    try:
+        next(iter(collector))
+        collector.shutdown()
+        for worker in workers:
+            worker.join(5.0)
+        stopped = not any(worker.is_alive() for worker in workers)
+    finally:
+        pool.close()
+    assert stopped is guarded, "Collector.shutdown left the pool's worker running" if guarded else "bug 6d gone?"
+
+
 # ---------------------------------------------------------- canaries
 @pytest.mark.slow  # ~10 s on a quiet 2-core machine, 65 s at load 7: five pools in a throw-away process
 @pytest.mark.timeout(180)
@@ -302,6 +328,7 @@ def test_canary_asyncenvpool_bugs_still_in_torchrl():
         "shm_private_step_reward": "ShmExchangeGuard (_step)",
         "partial_reset": "PartialResetGuard",
         "shutdown_closed_queue": "ShutdownGuard",
+        "is_closed": "ClosedStateGuard",
     }
     gone = [f"{bug} (retire {guards[bug]})" for bug, ok in fixed.items() if ok]
     if torchrl.__version__.startswith("0.14.1"):

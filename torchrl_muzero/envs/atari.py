@@ -80,11 +80,15 @@ on ``env_index``, the shm exchange dropping outer-transform keys and rewards,
 the shutdown spin). Its games are seeded in their factories with the seeds
 ``SerialEnv.set_seed(seed)`` would give them
 (:func:`~torchrl_muzero.trainers.torchrl_guards.child_seeds`), so a seeded
-async pool plays the same games as a seeded ``SerialEnv``. Under torchrl's
-``Collector`` an async pool steps all its games each step, as
-``ParallelEnv`` does; its ``async_step_send`` / ``async_step_recv`` step
-whichever games are ready. A daemonic process (such as the evaluator
-processes) may not start children: there every pool is ``SerialEnv``.
+async pool plays the same games as a seeded ``SerialEnv``. Each game of an
+async pool sums its own rewards (``RewardSum`` inside the game, not around
+the pool), so that
+:class:`~torchrl_muzero.trainers.ready_collector.ReadyStepCollector`, which
+the trainers use for ``env.pool=async``, can step whichever games are ready
+with no per-step transform around the pool; under torchrl's ``Collector``
+the pool steps all its games each step, as ``ParallelEnv`` does. A daemonic
+process (such as the evaluator processes) may not start children: there
+every pool is ``SerialEnv``.
 
 Rewards are not clipped: MuZero learns values and rewards on a transformed
 categorical support.
@@ -361,7 +365,9 @@ POOLS = ("serial", "parallel", "async")
 
 
 def _seeded_single_atari_env(env_cfg, training: bool, max_pool_frames: bool, seed: int | None) -> EnvBase:
-    env = make_single_atari_env(env_cfg, training, max_pool_frames)
+    # RewardSum runs inside each game of an async pool: a collector that steps the ready games
+    # (ReadyStepCollector) runs no per-step transform around the pool, which sees one game at a time
+    env = TransformedEnv(make_single_atari_env(env_cfg, training, max_pool_frames), RewardSum())
     if seed is not None:
         env.set_seed(seed)
     return env
@@ -431,8 +437,8 @@ def make_atari_env(env_cfg, num_envs: int, training: bool = True, *, parallel: b
 
         factories = [functools.partial(_seeded_single_atari_env, env_cfg, training, max_pool_frames, s)
                      for s in child_seeds(seed, num_envs)]
-        env = GuardedAsyncEnvPool(factories, backend="multiprocessing", exchange="shm")
-    else:
-        factory = functools.partial(make_single_atari_env, env_cfg, training, max_pool_frames)
-        env = ParallelEnv(num_envs, factory) if pool == "parallel" else SerialEnv(num_envs, factory)
+        # each game sums its own rewards (see _seeded_single_atari_env): no transform outside the pool
+        return TransformedEnv(GuardedAsyncEnvPool(factories, backend="multiprocessing", exchange="shm"))
+    factory = functools.partial(make_single_atari_env, env_cfg, training, max_pool_frames)
+    env = ParallelEnv(num_envs, factory) if pool == "parallel" else SerialEnv(num_envs, factory)
     return TransformedEnv(env, RewardSum())

@@ -40,6 +40,7 @@ from torchrl_muzero.trainers.builders import algorithm, build_model, build_polic
 from torchrl_muzero.trainers.config import config_to_dict, load_config
 from torchrl_muzero.trainers.cpu_budget import LearnerThreads, yield_to_learner
 from torchrl_muzero.trainers.evaluator import EvaluatorPool, WorkerDied
+from torchrl_muzero.trainers.ready_collector import ReadyStepCollector, steps_ready_games
 from torchrl_muzero.trainers.sync import episode_returns
 from torchrl_muzero.trainers.torchrl_guards import (
     GuardedWeightSyncScheme,
@@ -289,6 +290,8 @@ class AsyncTrainer(TrainerBase):
             # torchrl would fix the driver at (cores - workers) threads; LearnerThreads decides per update
             num_threads=self.threads.cores,
             auto_register_policy_transforms=False,
+            # env.pool=async: each worker steps the games of its pool that are ready
+            collector_class=ReadyStepCollector if steps_ready_games(cfg) else None,
         )
         self.evaluators = None
         if ap.num_evaluator_actors > 0:

@@ -32,7 +32,7 @@ class EnvConfig:
     num_envs: int = 8  # envs stepped together by one collector (B roots per search)
     # Atari: how one collector's games are batched: serial (in-process SerialEnv), parallel (ParallelEnv, one
     # process per game) or async (torchrl's AsyncEnvPool, guarded: one process per game, shared-memory exchange)
-    pool: str = "serial"
+    pool: str = "serial"  # serial | parallel | async (Atari; async: ReadyStepCollector steps the ready games)
     parallel: bool = False  # older spelling of pool=parallel (kept for existing configs and checkpoints)
     max_episode_steps: int = 0  # 0: the env's own limit
     # atari preprocessing (kind == "atari")

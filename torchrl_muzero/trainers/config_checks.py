@@ -337,6 +337,14 @@ def _check_env_pool(cfg) -> None:
             f"config key 'env.pool' is {pool!r}, but only Atari envs (env.kind='atari') can be batched otherwise "
             f"than in-process; env.kind is {env.kind!r}: use env.pool=serial."
         )
+    ap = cfg.async_pipeline
+    if pool == "async" and ap.enabled and ap.backend == "ray":
+        # the Ray collector actors step their env as one batch (trainers/ray_actors.py); the collector
+        # that steps the ready games (ReadyStepCollector) runs in the sync trainer and the local workers
+        raise ConfigError(
+            "config key 'env.pool' is 'async' with async_pipeline.backend='ray', which steps every game of a "
+            "batch together; allowed with backend=ray: env.pool=serial or parallel (or backend=local for async)."
+        )
 
 
 def effective_pool(env_cfg) -> str:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Collector
 
 from torchrl_muzero.envs import make_env
@@ -9,6 +11,7 @@ from torchrl_muzero.mcts.acting_memory import with_acting_memory
 from torchrl_muzero.trainers.base import TrainerBase
 from torchrl_muzero.trainers.builders import algorithm, build_policy, mcts_config, temperature_at
 from torchrl_muzero.trainers.evaluation import evaluate_with_stats
+from torchrl_muzero.trainers.ready_collector import ReadyStepCollector, steps_ready_games
 from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
 
 __all__ = ["SyncTrainer", "episode_returns"]
@@ -20,6 +23,26 @@ def episode_returns(batch) -> list[float]:
         return []
     done = batch["next", "done"].squeeze(-1)
     return batch["next", "episode_reward"].squeeze(-1)[done].tolist()
+
+
+class _VersionAtAction(TensorDictModuleBase):
+    """Writes the learner's ``train_iter`` as ``"policy_version"`` when the policy acts.
+
+    With ``env.pool=async`` a game may still be stepping an action chosen in the previous collect
+    when the learner moves on: its frame lands in the next batch, so the version is the one of
+    the weights that chose the action, not of the collect that returned it.
+    """
+
+    def __init__(self, policy, version) -> None:
+        super().__init__()
+        self.policy, self.version = policy, version
+        self.in_keys = list(policy.in_keys)
+        self.out_keys = [*policy.out_keys, "policy_version"]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        out = self.policy(tensordict)
+        out.set("policy_version", torch.full(out.batch_size, self.version(), dtype=torch.long))
+        return out
 
 
 class SyncTrainer(TrainerBase):
@@ -46,15 +69,20 @@ class SyncTrainer(TrainerBase):
                                    generator=torch.Generator(self.device).manual_seed(cfg.seed))
         # per-env acting state (muzero_context's latent, muzero_rnn_full_obs's GRU state): its primer
         env = with_acting_memory(env, self.policy)
-        self.collector = Collector(env, self.policy, frames_per_batch=cfg.train.frames_per_batch,
-                                   total_frames=-1, auto_register_policy_transforms=False)
+        if steps_ready_games(cfg):  # env.pool=async: the games that are ready step, the others keep stepping
+            self.collector = ReadyStepCollector(env, _VersionAtAction(self.policy, lambda: self.learner.train_iter),
+                                                frames_per_batch=cfg.train.frames_per_batch, total_frames=-1)
+        else:
+            self.collector = Collector(env, self.policy, frames_per_batch=cfg.train.frames_per_batch,
+                                       total_frames=-1, auto_register_policy_transforms=False)
         budget = 0.0
         next_eval = self.learner.train_iter + (0 if cfg.async_pipeline.eval_at_start else cfg.eval.interval)
         for batch in self.collector:
             # a ParallelEnv took threads from this process when it started its workers (lazily):
             # the search and the learner run here while the env workers wait, so take them back
             reclaim_torch_threads(self.torch_threads)
-            batch.set("policy_version", torch.full(batch.shape, self.learner.train_iter, dtype=torch.long))
+            if "policy_version" not in batch.keys():  # the whole batch acted with the current weights
+                batch.set("policy_version", torch.full(batch.shape, self.learner.train_iter, dtype=torch.long))
             self.buffer.extend(batch)
             self.env_steps += batch.numel()
             returns = episode_returns(batch)

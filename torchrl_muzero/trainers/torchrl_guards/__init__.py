@@ -9,7 +9,7 @@ guarded torchrl component:
 ``locked_policy``          the worker side of the weight sync: :class:`LockedPolicy` (bugs 2, 5)
 ``collectors``             publishing to torchrl's multi-process collectors:
                            :func:`publish_weights`, :class:`PolicyVersionMap` (bugs 1, 3-5)
-``env_pools``              ``AsyncEnvPool``: :class:`GuardedAsyncEnvPool` (bugs 6a-6c)
+``env_pools``              ``AsyncEnvPool``: :class:`GuardedAsyncEnvPool` (bugs 6a-6d)
 ``threads``                torch thread counts: :func:`reclaim_torch_threads` (7)
 =========================  ==========================================================
 
@@ -59,7 +59,8 @@ Bugs worked around (torchrl 0.14.1, ``MultiProcessWeightSyncScheme``):
    crashes on its first batch (``env_index`` written as a tensor); (b) the
    shm exchange rejects keys added by outer transforms and drops the rewards
    of the private ``_step``; (c) shutdown spins forever on a closed result
-   queue. Guard: :class:`GuardedAsyncEnvPool` (one mixin per bug);
+   queue; (d) not from PR 4701: ``is_closed`` reads ``True`` while its workers run, so
+   ``Collector.shutdown`` leaves them running. Guard: :class:`GuardedAsyncEnvPool` (one mixin per bug);
    :func:`asyncenvpool_bugs` / :func:`asyncenvpool_is_fixed` tell when
    torchrl's own fix has landed.
 

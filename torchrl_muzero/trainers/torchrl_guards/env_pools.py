@@ -1,8 +1,8 @@
-"""``AsyncEnvPool`` guards for torchrl 0.14.1 (bugs 6a-6c of the package docstring, fixed upstream by PR 4701).
+"""``AsyncEnvPool`` guards for torchrl 0.14.1 (bugs 6a-6d of the package docstring; 6a-6c fixed upstream by PR 4701).
 
 torchrl's :class:`~torchrl.envs.AsyncEnvPool` steps each env in its own
 thread or process and, with ``exchange="shm"``, moves observations through
-shared-memory slots instead of pickling them. On 0.14.1 three bugs keep it
+shared-memory slots instead of pickling them. On 0.14.1 four bugs keep it
 from being used under a collector:
 
 * **6a, env_index.** ``step``, ``_step`` and ``step_and_maybe_reset`` write
@@ -30,6 +30,11 @@ from being used under a collector:
   draining", but a queue whose pipe is closed raises it on every call: the
   loop never ends (seen when the garbage collector finalizes a pool's queues
   before its ``__del__`` runs). Guard: :class:`ShutdownGuard`.
+* **6d, is_closed.** The pool never sets ``is_closed = False``: it reads
+  closed while its workers run, so ``Collector.shutdown`` (and any
+  ``if not env.is_closed: env.close()``) skips it and its worker processes
+  outlive the collector (the interpreter's exit then waits for them).
+  Guard: :class:`ClosedStateGuard`.
 
 :class:`GuardedAsyncEnvPool` is torchrl's pool with every guard, for both
 backends. :func:`asyncenvpool_bugs` probes the installed torchrl for each bug
@@ -58,6 +63,7 @@ from torchrl.envs.async_envs import ProcessorAsyncEnvPool, ThreadingAsyncEnvPool
 
 __all__ = [
     "ASYNCENVPOOL_BUGS",
+    "ClosedStateGuard",
     "EnvIndexGuard",
     "GuardedAsyncEnvPool",
     "PartialResetGuard",
@@ -75,6 +81,7 @@ ASYNCENVPOOL_BUGS = (
     "shm_private_step_reward",  # 6b: rewards of the private _step
     "partial_reset",  # 6b: "_reset" masks (any exchange)
     "shutdown_closed_queue",  # 6c
+    "is_closed",  # 6d
 )
 
 
@@ -317,6 +324,39 @@ class ShutdownGuard:
 
 
 # --------------------------------------------------------------------------- #
+# 6d: is_closed stays True while the workers run
+# --------------------------------------------------------------------------- #
+# Remove when: asyncenvpool_bugs()["is_closed"] is True.
+class ClosedStateGuard:
+    """Say ``is_closed = False`` from the workers' start to their shutdown (torchrl 0.14.1, bug 6d).
+
+    torchrl's pool keeps ``EnvBase``'s initial ``is_closed = True``, so
+    ``Collector.shutdown`` (which closes only an env that is not closed)
+    leaves the workers running.
+
+    Examples:
+        >>> import functools
+        >>> from torchrl.envs import GymEnv
+        >>> pool = GuardedAsyncEnvPool([functools.partial(GymEnv, "CartPole-v1")], backend="threading")
+        >>> pool.is_closed
+        False
+        >>> pool.close(); pool.is_closed
+        True
+    """
+
+    def _setup(self):
+        out = super()._setup()
+        self.is_closed = False
+        return out
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            self.is_closed = True
+
+
+# --------------------------------------------------------------------------- #
 # The guarded pool
 # --------------------------------------------------------------------------- #
 class _GuardedAsyncEnvMeta(_AsyncEnvMeta):
@@ -335,13 +375,14 @@ class _GuardedAsyncEnvMeta(_AsyncEnvMeta):
 
 
 class GuardedAsyncEnvPool(AsyncEnvPool, metaclass=_GuardedAsyncEnvMeta):
-    """torchrl's ``AsyncEnvPool`` with the torchrl 0.14.1 bugs of PR 4701 guarded (bugs 6a-6c).
+    """torchrl's ``AsyncEnvPool`` with its torchrl 0.14.1 bugs guarded (bugs 6a-6d).
 
     Takes ``AsyncEnvPool``'s arguments and returns
     ``GuardedAsyncEnvPool.Threading`` (``backend="threading"``:
-    :class:`EnvIndexGuard`, :class:`PartialResetGuard`) or
-    ``GuardedAsyncEnvPool.Processes`` (``backend="multiprocessing"``: those
-    plus :class:`ShmExchangeGuard` and :class:`ShutdownGuard`), both
+    :class:`EnvIndexGuard`, :class:`PartialResetGuard`,
+    :class:`ClosedStateGuard`) or ``GuardedAsyncEnvPool.Processes``
+    (``backend="multiprocessing"``: those plus :class:`ShmExchangeGuard` and
+    :class:`ShutdownGuard`), both
     subclasses of torchrl's own pool classes. Works under torchrl's
     ``Collector`` and inside a ``TransformedEnv`` with either exchange.
 
@@ -363,8 +404,10 @@ class GuardedAsyncEnvPool(AsyncEnvPool, metaclass=_GuardedAsyncEnvMeta):
 
 # Module-level names that match the class names: the multiprocessing backend
 # pickles its worker target (a classmethod) by reference to the class.
-class GuardedThreadingAsyncEnvPool(PartialResetGuard, EnvIndexGuard, GuardedAsyncEnvPool, ThreadingAsyncEnvPool):
-    """``GuardedAsyncEnvPool(..., backend="threading")``: torchrl's threading pool with bugs 6a and 6b (reset masks) guarded."""
+class GuardedThreadingAsyncEnvPool(
+    ClosedStateGuard, PartialResetGuard, EnvIndexGuard, GuardedAsyncEnvPool, ThreadingAsyncEnvPool
+):
+    """``GuardedAsyncEnvPool(..., backend="threading")``: torchrl's threading pool with 6a, 6b (reset masks), 6d guarded."""
 
     def _set_seed(self, seed: int | None) -> None:
         # torchrl 0.14.1's pools do not seed (NotImplementedError); the
@@ -374,9 +417,10 @@ class GuardedThreadingAsyncEnvPool(PartialResetGuard, EnvIndexGuard, GuardedAsyn
 
 
 class GuardedProcessorAsyncEnvPool(
-    ShutdownGuard, ShmExchangeGuard, PartialResetGuard, EnvIndexGuard, GuardedAsyncEnvPool, ProcessorAsyncEnvPool
+    ClosedStateGuard, ShutdownGuard, ShmExchangeGuard, PartialResetGuard, EnvIndexGuard, GuardedAsyncEnvPool,
+    ProcessorAsyncEnvPool,
 ):
-    """``GuardedAsyncEnvPool(..., backend="multiprocessing")``: torchrl's process pool with bugs 6a-6c guarded.
+    """``GuardedAsyncEnvPool(..., backend="multiprocessing")``: torchrl's process pool with bugs 6a-6d guarded.
 
     Its envs live in worker processes that torchrl gives no seeding message:
     seed them in their factories (as ``make_atari_env(..., pool="async",
@@ -489,7 +533,15 @@ def _probe_cases() -> dict[str, bool]:  # runs in a throw-away child process; Tr
         thread.join(5)  # a clean shutdown of one idle worker takes well under a second; a spinning shutdown is left behind; the process group is killed
         return not thread.is_alive()
 
+    def is_closed():
+        env = AsyncEnvPool([make], backend="threading")
+        try:
+            return not env.is_closed
+        finally:
+            env.close()
+
     for name, fn in (
+        ("is_closed", is_closed),
         ("env_index", env_index),
         ("shm_private_step_reward", shm_exchange),  # sets shm_outer_keys too
         ("partial_reset", partial_reset),
