@@ -270,8 +270,9 @@ def _check_rules(cfg) -> None:
         n = cfg.env.num_envs
         lower, upper = max(n, t.frames_per_batch // n * n), (t.frames_per_batch // n + 1) * n
         raise ConfigError(
-            f"config key 'train.frames_per_batch' must be a multiple of env.num_envs={n} (each collect steps "
-            f"all envs together), got {t.frames_per_batch}: use {lower} or {upper}."
+            f"config key 'train.frames_per_batch' must be a multiple of env.num_envs={n} (a collect of the "
+            f"serial and parallel pools steps all envs together; env.pool=async keeps the rule so that a pool "
+            f"switch keeps the batch), got {t.frames_per_batch}: use {lower} or {upper}."
         )
     if ap.backend == "local" and ap.max_collect_inflight not in (0, ap.num_collector_actors):
         # torchrl's multi-process collectors keep exactly one collect in flight per worker

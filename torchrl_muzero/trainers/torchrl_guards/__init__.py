@@ -100,12 +100,8 @@ Usage (trainer side)::
 from __future__ import annotations
 
 from torchrl_muzero.trainers.torchrl_guards.collectors import PolicyVersionMap, publish_weights
-from torchrl_muzero.trainers.torchrl_guards.env_pools import (
-    GuardedAsyncEnvPool,
-    asyncenvpool_bugs,
-    asyncenvpool_is_fixed,
-    child_seeds,
-)
+from torchrl_muzero.trainers.torchrl_guards.env_pool_canary import asyncenvpool_bugs, asyncenvpool_is_fixed
+from torchrl_muzero.trainers.torchrl_guards.env_pools import GuardedAsyncEnvPool, child_seeds
 from torchrl_muzero.trainers.torchrl_guards.locked_policy import LockedPolicy, find_locked_policy
 from torchrl_muzero.trainers.torchrl_guards.threads import reclaim_torch_threads
 from torchrl_muzero.trainers.torchrl_guards.weight_sync import (
