@@ -137,9 +137,12 @@ std::vector<at::Tensor> unizero_root(const std::vector<at::Tensor>& weights,
 // filled: simulation s creates node s + 1, for s < N - 1, writing its state
 // (the [B, N, ...] leaves of tree.embeddings), raw value, prior logits and
 // prior, and the edge reward; every edge keeps its children_discount.
-// With kv (cache mode) each node writes only its own slots while the search
-// runs and reads its ancestors' through the parent links; at the end every
-// node's buffer is completed with its ancestors' slots.
+// With kv (cache mode) each node writes only its own slots and reads its
+// ancestors' through the parent links; its buffer's other slots are left as
+// the tree allocation left them (uninitialised): nothing in the search reads
+// them, and copying every ancestor's slots into every node moved ~65 MB per
+// search at B = 64. complete_node_states (modules/unizero/node_states.py)
+// rebuilds search_step's layout for whoever reads the states afterwards.
 void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
                     const at::Tensor& parent, const at::Tensor& action_from_parent,
                     const at::Tensor& children_index, const at::Tensor& children_prior,
@@ -216,14 +219,6 @@ void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
           expand_and_backup_in_tree(r, n, l.node, l.action, rows.reward[s], rows.value[s],
                                     prior.data() + s * A, nullptr);
         });
-    if (cache)  // complete every node state (parents first: a parent's index is smaller)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t n = 1; n < N; ++n) {
-          const int64_t node = b * N + n;
-          if (own_from[node] == 0) continue;
-          const int64_t p = b * N + t.par[node];
-          std::copy_n(st.kv + p * MT * SF, own_from[node] * SF, st.kv + node * MT * SF);
-        }
   });
 }
 
@@ -233,7 +228,8 @@ void register_unizero(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("unizero_search", &unizero_search,
         "Run every simulation of a search for UniZeroModel (transformer world model; with `kv`, "
-        "the exact per-node KV cache, else a full recompute per step) on a fresh tree whose "
+        "the exact per-node KV cache, each node's buffer holding its own slots only, else a "
+        "full recompute per step) on a fresh tree whose "
         "root is initialised, in place, descending with the named rules (`fma`: the opt-in "
         "FMA path of the expansions' linear layers and decodes where the CPU has it).",
         MZ_FUSED_TREE_PY_ARGS,

@@ -66,8 +66,9 @@ Fused search. With the C++ kernel on CPU the search runs every simulation in
 one call (:mod:`.fused`, ``csrc/unizero_net.h``), this step's arithmetic in
 either mode; there each node computes only its own two tokens' keys/values
 and reads its ancestors' through the tree's parent links (the same cache,
-keyed by tree node, without the per-expansion copy), and the node states are
-completed to this layout at the end. The root's window forward runs in the
+keyed by tree node, without the per-expansion copy); a node's buffer there holds
+its own slots only, and :func:`~.node_states.complete_node_states` rebuilds this
+layout on demand (the search itself never needs it). The root's window forward runs in the
 same kernel (:meth:`root_from_latents`); the encoder stays in torch.
 """
 from __future__ import annotations
