@@ -75,3 +75,24 @@ def test_search_draws_the_same_with_and_without_the_kernel(monkeypatch):
     for name in ("visit_counts", "search_policy", "root_value", "action"):
         assert torch.equal(getattr(fused, name), getattr(plain, name)), name
     assert torch.equal(fused.tree.children_prior, plain.tree.children_prior)
+
+
+@pytest.mark.parametrize("B,S,A,discount", [(1, 50, 2, 0.997), (5, 8, 6, -0.9), (3, 0, 4, 1.0)])
+def test_start_tree_arrays_equal_the_torch_tree(B, S, A, discount):
+    from torchrl_muzero.mcts.loop import start_tree
+    from torchrl_muzero.modules.step import ModelStep
+
+    g = torch.Generator().manual_seed(B)
+    legal = torch.rand(B, A, generator=g) > 0.4
+    legal[:, -1] = True
+    for logits in (torch.randn(B, A, generator=g), torch.randn(B, A, generator=g, dtype=torch.float64),
+                   torch.randn(A, B, generator=g).t()):  # float32, float64, non-contiguous
+        root = ModelStep(torch.randn(B, 3, generator=g), torch.zeros(B), logits, torch.randn(B, generator=g))
+        before = logits.clone()
+        ref, got = start_tree(root, S, legal, discount), start_tree(root, S, legal, discount, ops=_ops)
+        assert torch.equal(logits, before)  # the caller's logits are not written
+        for name, t in ref.tensors().items():
+            if name == "embeddings":
+                assert got.embeddings.shape == t.shape and torch.equal(got.embeddings[:, 0], t[:, 0])
+            else:
+                assert torch.equal(getattr(got, name), t) and getattr(got, name).dtype == t.dtype, name

@@ -1,20 +1,24 @@
 // The search's per-root work around the simulations, each in one C++ call:
-// the root's Dirichlet noise mixed into its priors (mcts/noise.py) and
-// MuZero's readout of a finished tree (mcts/search.py::visit_result).
+// a fresh tree's arrays with the root written (mcts/loop.py::start_tree), the
+// root's Dirichlet noise mixed into its priors (mcts/noise.py) and MuZero's
+// readout of a finished tree (mcts/search.py::visit_result).
 // ---------------------------------------------------------------------------
 // Why: at B = 1 a fused search's simulations cost ~1 ms and the Python around
-// them about as much, ~25 small torch ops for the noise and ~20 for the
-// readout among it (~3-5 us each through Python against ~1-2 us from here).
+// them about as much, ~18 small torch ops for the tree, ~25 for the noise and
+// ~20 for the readout among it (~3-5 us each through Python against ~1-2 us
+// from here, and less of the cache evicted between searches).
 // Contract: the results are bit for bit the Python functions'. The random
 // draws and every op whose float result could depend on the implementation
 // (log, pow, softmax, multinomial, argmax, the noise's arithmetic) are the
 // same ATen ops, in the same order, with the same generator, as the Python
-// code; only exact integer work (gathering visit counts) and correctly
-// rounded float32 divisions run as plain loops. test: the Python functions
+// code; only exact work (fills, copies, masking to -inf, gathering visit
+// counts) and correctly rounded float32 divisions run as plain loops. test: the Python functions
 // stay, and test/test_root_ops.py compares them.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 namespace tree_ops {
@@ -123,10 +127,75 @@ std::vector<at::Tensor> visit_readout(const at::Tensor& visit_count, const at::T
   return {counts, policy, root_value, action};
 }
 
+// mcts/loop.py::start_tree without the node states: the 13 arrays of
+// tree.py::allocate_tree ([B, N] / [B, N, A] / [B] / [B, A], in
+// the order of mcts/loop.py's _TREE_ARRAYS) with the root written: root_legal = legal, the root's
+// logits masked to -inf where illegal, its prior their softmax (the ATen op),
+// its raw value.
+std::vector<at::Tensor> start_tree_arrays(const at::Tensor& policy_logits, const at::Tensor& legal,
+                                          const at::Tensor& value, int64_t N, double discount) {
+  TORCH_CHECK(policy_logits.dim() == 2 && policy_logits.device().is_cpu(),
+              "start_tree_arrays: policy_logits must be a [B, A] CPU tensor");
+  const int64_t B = policy_logits.size(0), A = policy_logits.size(1);
+  TORCH_CHECK(legal.scalar_type() == at::kBool && legal.sizes() == policy_logits.sizes(),
+              "start_tree_arrays: legal must be [B, A] bool");
+  TORCH_CHECK(value.numel() == B, "start_tree_arrays: value must hold B values");
+  TORCH_CHECK(N >= 1, "start_tree_arrays: N must be >= 1");
+  const auto i32 = at::TensorOptions().dtype(at::kInt), f32 = at::TensorOptions().dtype(at::kFloat);
+  auto filled_i = [&](at::IntArrayRef shape, int32_t v) {
+    at::Tensor t = at::empty(shape, i32);
+    std::fill_n(t.data_ptr<int32_t>(), t.numel(), v);
+    return t;
+  };
+  auto filled_f = [&](at::IntArrayRef shape, float v) {
+    at::Tensor t = at::empty(shape, f32);
+    std::fill_n(t.data_ptr<float>(), t.numel(), v);
+    return t;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  // start_tree: policy_logits.float().masked_fill(~legal, -inf)
+  at::Tensor logits = policy_logits.to(at::kFloat).contiguous();
+  const at::Tensor ok = legal.contiguous();
+  if (logits.is_same(policy_logits)) logits = logits.clone();  // never write the caller's tensor
+  float* lg = logits.data_ptr<float>();
+  const bool* lk = ok.data_ptr<bool>();
+  for (int64_t i = 0; i < B * A; ++i)
+    if (!lk[i]) lg[i] = -inf;
+  const at::Tensor prior = at::softmax(logits, -1);
+  const at::Tensor v = value.to(at::kFloat).contiguous();
+  at::Tensor children_prior = filled_f({B, N, A}, 0.0f), children_logits = filled_f({B, N, A}, 0.0f);
+  at::Tensor raw_value = filled_f({B, N}, 0.0f);
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(prior.data_ptr<float>() + b * A, A, children_prior.data_ptr<float>() + b * N * A);
+    std::copy_n(lg + b * A, A, children_logits.data_ptr<float>() + b * N * A);
+    raw_value.data_ptr<float>()[b * N] = v.data_ptr<float>()[b];
+  }
+  return {filled_i({B, N}, 0),                          // visit_count
+          filled_f({B, N}, 0.0f),                       // value_sum
+          filled_i({B, N}, -1),                         // parent
+          filled_i({B, N}, -1),                         // action_from_parent
+          filled_i({B, N, A}, -1),                      // children_index
+          children_prior,
+          filled_f({B, N, A}, 0.0f),                    // children_reward
+          filled_f({B}, inf),                           // min_q
+          filled_f({B}, -inf),                          // max_q
+          ok.clone(),                                   // root_legal
+          raw_value,
+          children_logits,
+          filled_f({B, N, A}, static_cast<float>(discount))};  // children_discount
+}
+
 }  // namespace
 
 void register_root_ops(pybind11::module_& m) {
   namespace py = pybind11;
+  m.def("start_tree_arrays", &start_tree_arrays,
+        "A fresh tree's arrays with the root written, as mcts/loop.py::start_tree (without the "
+        "node states): [visit_count, value_sum, parent, action_from_parent, children_index, "
+        "children_prior, children_reward, min_q, max_q, root_legal, raw_value, children_logits, "
+        "children_discount].",
+        py::arg("policy_logits"), py::arg("legal"), py::arg("value"), py::arg("num_nodes"),
+        py::arg("discount"));
   m.def("mix_dirichlet_noise", &mix_dirichlet_noise,
         "Mix Dirichlet(alpha) noise over the legal actions into the root priors "
         "children_prior[:, 0] in place, as mcts/search.py does in torch (the same draws from "

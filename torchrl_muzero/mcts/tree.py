@@ -129,6 +129,16 @@ def child_visits(tree: Tree, node: int) -> torch.Tensor:
     return tree.visit_count.gather(1, index.clamp_min(0)).masked_fill_(index < 0, 0)
 
 
+def node_states(root_state: torch.Tensor | TensorDictBase, N: int) -> torch.Tensor | TensorDictBase:
+    """The ``[B, N]`` node states of a tree whose root state is ``root_state`` (a tensor ``[B, ...]``
+    or a TensorDict of batch ``[B]``): node 0 holds it, the others are left for the search to write."""
+    if isinstance(root_state, TensorDictBase):
+        return _node_states(root_state, N)
+    states = root_state.new_empty((root_state.shape[0], N, *root_state.shape[1:]))
+    states[:, 0] = root_state
+    return states
+
+
 def _node_states(root_state: TensorDictBase, N: int) -> TensorDictBase:
     """Node states ``[B, N]`` with ``root_state [B]`` as node 0 and the other nodes left uninitialised.
 
@@ -176,11 +186,8 @@ def allocate_tree(
     f32 = dict(dtype=torch.float32, device=device)
     if root_state is None:
         embeddings = torch.zeros(B, N, *latent_shape, dtype=latent_dtype, device=device)
-    elif isinstance(root_state, TensorDictBase):
-        embeddings = _node_states(root_state, N)
     else:
-        embeddings = torch.empty(B, N, *root_state.shape[1:], dtype=root_state.dtype, device=device)
-        embeddings[:, 0] = root_state
+        embeddings = node_states(root_state, N)
     return Tree(
         visit_count=torch.zeros(B, N, **i32),
         value_sum=torch.zeros(B, N, **f32),
