@@ -244,6 +244,26 @@ def test_fused_root_equals_the_torch_root(kv_cache, monkeypatch):
     _close(fused.value, ref.value, "value", atol=5e-4)
 
 
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_full_window_root_in_one_call_equals_the_packed_one(kv_cache, monkeypatch):
+    # Full windows take fused_root_window (the state made in C++); the same bits as the packing
+    # path with the kernel's root forward, for K = context_length and K = 0.
+    import torchrl_muzero.modules.unizero.model as model_module
+
+    model = _model(kv_cache)
+    g = torch.Generator().manual_seed(5)
+    for K in (model.context_length, 0):
+        obs, actions = torch.randn(4, K + 1, 4, generator=g), torch.randint(A, (4, K), generator=g)
+        fast = model.search_root(obs, actions)
+        with monkeypatch.context() as m:
+            m.setattr(model_module, "fused_root_window", lambda *args: None)
+            ref = model.search_root(obs, actions)
+        assert set(fast.state.keys()) == set(ref.state.keys())
+        for key in ref.state.keys():
+            assert torch.equal(fast.state[key], ref.state[key]) and fast.state[key].dtype == ref.state[key].dtype, key
+        assert torch.equal(fast.policy_logits, ref.policy_logits) and torch.equal(fast.value, ref.value)
+
+
 def _write_from_another_process(model, other) -> None:
     import multiprocessing as mp
 

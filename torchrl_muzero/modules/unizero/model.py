@@ -84,7 +84,7 @@ from torchrl_muzero.modules.model import MuZeroModel
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport
 from torchrl_muzero.modules.unizero.encoder import MLPEncoder
-from torchrl_muzero.modules.unizero.fused import fused_root_from_leaves, fused_unizero_weights
+from torchrl_muzero.modules.unizero.fused import fused_root_from_leaves, fused_root_window, fused_unizero_weights
 from torchrl_muzero.modules.unizero.norm import make_latent_norm
 from torchrl_muzero.modules.unizero.transformer import CausalTransformer
 
@@ -393,6 +393,14 @@ class UniZeroModel(nn.Module):
                 raise ValueError(_VALID_MESSAGE.format(B=B, K1=K1))
             if bool(valid.all()):  # every row holds a full window: nothing to pack
                 valid = None
+        if valid is None:  # the state and the root's forward in one C++ call when the kernel runs this model
+            fused = fused_root_window(self, latents, actions)
+            if fused is not None:
+                state_latents, state_actions, length, kv, policy_logits, value = fused
+                leaves = {"latents": state_latents, "actions": state_actions, "length": length}
+                if kv is not None:
+                    leaves["kv"] = kv
+                return ModelStep(TensorDict(leaves, [B]), torch.zeros_like(value), policy_logits, value)
         state_latents = latents.new_zeros(B, self.max_blocks, E)
         state_actions = torch.full((B, self.max_blocks), -1, dtype=torch.long, device=device)
         if valid is None:
