@@ -21,10 +21,11 @@ if os.environ.get("TORCHRL_MUZERO_NO_EXT", "0") != "1":
         sources = [os.path.join(csrc, f) for f in ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp",
                                                    "stochastic_net.cpp", "stochastic_search.cpp",
                                                    "ez_net.cpp", "ez_search.cpp", "unizero_net.cpp",
-                                                   "unizero_search.cpp")]
+                                                   "unizero_search.cpp", "root_ops.cpp")]
         headers = [os.path.join(csrc, f) for f in ("tree_common.h", "rules.h", "gumbel_rules.h", "dispatch.h",
                                                    "mlp_net.h", "mlp_kernels.h", "stochastic_net.h", "ez_net.h",
-                                                   "gumbel_readout.h", "fused_loop.h", "unizero_net.h")]
+                                                   "gumbel_readout.h", "fused_loop.h", "unizero_net.h",
+                                                   "pack_cache.h")]
         if all(os.path.exists(s) for s in sources):
             ext_modules.append(
                 CppExtension(

@@ -7,6 +7,7 @@ from torchrl_muzero.mcts import MCTSConfig, _cpp
 from torchrl_muzero.mcts.search import muzero_search
 from torchrl_muzero.modules.unizero import UniZeroModel
 from torchrl_muzero.modules.unizero.fused import fused_search_step, fused_unizero_weights
+from torchrl_muzero.modules.unizero.node_states import complete_node_states
 
 _ops = _cpp.load_tree_ops()
 pytestmark = pytest.mark.skipif(
@@ -133,11 +134,13 @@ def test_search_matches_torch_path(kv_cache):
 
 
 def test_search_node_states_equal_search_step():
-    # After a fused cached search every node's state (latents, actions, length and the completed
-    # K/V buffer) is what search_step gives from its parent's state.
+    # The fused cached search keeps each node's own K/V slots only; completed on demand, every
+    # node's state (latents, actions, length and the K/V buffer) is what search_step gives from its
+    # parent's state (slides included: max_blocks=5, 40 simulations).
     model = _model(True)
     result = _search(model, _root(model, 4), "cpp", sims=40)
     tree = result.tree
+    complete_node_states(tree)
     n = torch.arange(1, tree.num_nodes)
     for b in range(4):
         parents, actions = tree.parent[b, n].long(), tree.action_from_parent[b, n].long()
@@ -149,14 +152,34 @@ def test_search_node_states_equal_search_step():
         _close(tree.raw_value[b, n], ref.value, "value", atol=5e-4)
 
 
+def test_completing_node_states_is_idempotent_and_keeps_complete_states():
+    # A torch-step search's node states are complete already: completing them changes no bit; a
+    # fused tree completed twice is the tree completed once.
+    model = _model(True)
+    root = _root(model, 3)
+    torch_tree = _search(model, root, "torch", sims=20).tree
+    before = torch_tree.embeddings["kv"].clone()
+    complete_node_states(torch_tree)
+    assert torch.equal(torch_tree.embeddings["kv"], before)
+    fused_tree = _search(model, root, "cpp", sims=20).tree
+    complete_node_states(fused_tree)
+    once = fused_tree.embeddings["kv"].clone()
+    complete_node_states(fused_tree)
+    assert torch.equal(fused_tree.embeddings["kv"], once)
+    recompute = _model(False)
+    complete_node_states(_search(recompute, _root(recompute, 2), "cpp", sims=5).tree)  # no kv: nothing to do
+
+
 def test_fused_search_is_batch_invariant():
     model = _model(True)
     root = _root(model, 7)
     batch = _search(model, root, "cpp", add_noise=False)
+    complete_node_states(batch.tree)  # the K/V slots a node does not own are left unwritten by the search
     for i in (0, 3, 6):
         one = _search(model, type(root)(root.state[i : i + 1], root.reward[i : i + 1],
                                         root.policy_logits[i : i + 1], root.value[i : i + 1]),
                       "cpp", add_noise=False)
+        complete_node_states(one.tree)
         for name, t in one.tree.tensors().items():
             assert bool((t[0] == getattr(batch.tree, name)[i]).all()), name
 
@@ -219,6 +242,26 @@ def test_fused_root_equals_the_torch_root(kv_cache, monkeypatch):
         _close(fused.state[key], ref.state[key], key)
     _close(fused.policy_logits, ref.policy_logits, "logits")
     _close(fused.value, ref.value, "value", atol=5e-4)
+
+
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_full_window_root_in_one_call_equals_the_packed_one(kv_cache, monkeypatch):
+    # Full windows take fused_root_window (the state made in C++); the same bits as the packing
+    # path with the kernel's root forward, for K = context_length and K = 0.
+    import torchrl_muzero.modules.unizero.model as model_module
+
+    model = _model(kv_cache)
+    g = torch.Generator().manual_seed(5)
+    for K in (model.context_length, 0):
+        obs, actions = torch.randn(4, K + 1, 4, generator=g), torch.randint(A, (4, K), generator=g)
+        fast = model.search_root(obs, actions)
+        with monkeypatch.context() as m:
+            m.setattr(model_module, "fused_root_window", lambda *args: None)
+            ref = model.search_root(obs, actions)
+        assert set(fast.state.keys()) == set(ref.state.keys())
+        for key in ref.state.keys():
+            assert torch.equal(fast.state[key], ref.state[key]) and fast.state[key].dtype == ref.state[key].dtype, key
+        assert torch.equal(fast.policy_logits, ref.policy_logits) and torch.equal(fast.value, ref.value)
 
 
 def _write_from_another_process(model, other) -> None:

@@ -47,6 +47,7 @@ void register_mlp(pybind11::module_& m);
 void register_stochastic(pybind11::module_& m);
 void register_ez(pybind11::module_& m);
 void register_unizero(pybind11::module_& m);
+void register_root_ops(pybind11::module_& m);
 
 namespace {
 
@@ -198,4 +199,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   tree_ops::register_stochastic(m);
   tree_ops::register_ez(m);
   tree_ops::register_unizero(m);
+  tree_ops::register_root_ops(m);
 }

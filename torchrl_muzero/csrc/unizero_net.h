@@ -30,8 +30,9 @@
 // context slid, hold their whole window), and a new token's attention reads
 // each slot from the node that owns it, found by walking the parent links
 // (UzRows::slots). So the cache is keyed by (tree, node) and a miss is
-// impossible; after the search the kernel copies the ancestors' slots into
-// every node so the tree's node states equal search_step's.
+// impossible. The search leaves a node's other slots unwritten (nothing reads
+// them); complete_node_states (modules/unizero/node_states.py) rebuilds
+// search_step's full buffers on demand.
 // Recompute (kv_cache=False): every step runs two full causal forwards over
 // the node's whole token sequence (as the model's kv_cache=False does), so
 // cache vs recompute is measured in one engine.
@@ -103,8 +104,8 @@ struct UzRows {
 };
 
 // weights: the tensors of UniZeroModel.fused_unizero_weights() (order in
-// unizero_net.cpp); packed once per thread and kept while the same tensors
-// (pointer and version) come back.
+// unizero_net.cpp); packed per thread and kept while the same tensors come
+// back holding the same values, for a few models at once (pack_cache.h).
 const UzNet& pack_unizero(const std::vector<at::Tensor>& weights,
                           const std::vector<int64_t>& ints,
                           const std::vector<double>& floats);

@@ -132,14 +132,58 @@ std::vector<at::Tensor> unizero_root(const std::vector<at::Tensor>& weights,
   return {logits, value};
 }
 
+// root_from_latents for full windows (every row holds K + 1 latents: the
+// packing is the identity) in one call: the node state (latents [B, MB, E]
+// zeros past the window, actions [B, MB] -1 past it, length 2K + 1, kv zeros
+// (cache) or undefined) made here instead of by ~8 torch ops, then
+// unizero_root's forward. Returns [latents, actions, length, kv, logits, value].
+std::vector<at::Tensor> unizero_root_window(const std::vector<at::Tensor>& weights,
+                                            const std::vector<int64_t>& ints,
+                                            const std::vector<double>& floats,
+                                            const at::Tensor& window, const at::Tensor& history,
+                                            bool cache) {
+  const UzNet& net = pack_unizero(weights, ints, floats);
+  const at::Tensor lat_in = window.contiguous(), act_in = history.to(at::kLong).contiguous();
+  check_tensor(lat_in, "window", at::kFloat, 3);
+  const int64_t B = window.size(0), K1 = window.size(1), K = K1 - 1;
+  TORCH_CHECK(K1 >= 1 && window.size(2) == net.E && K1 <= net.MB && history.dim() == 2 &&
+                  history.size(0) == B && history.size(1) == K && act_in.device().is_cpu(),
+              "unizero_root_window: expected a window [B, K + 1, E] and actions [B, K]");
+  const int64_t MB = net.MB, E = net.E, MT = net.MT, SF = net.slot_floats(), T = 2 * K + 1;
+  check_length(net, T, "a root");
+  const auto f32 = window.options();
+  auto latents = at::zeros({B, MB, E}, f32), actions = at::full({B, MB}, -1, act_in.options());
+  auto length = at::full({B}, T, act_in.options());
+  auto kv = cache ? at::zeros({B, MT, net.L, 2, net.H, net.Dh}, f32) : at::Tensor();
+  auto logits = at::empty({B, net.A}, f32), value = at::empty({B}, f32);
+  float* lat = latents.data_ptr<float>();
+  int64_t* act = actions.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(lat_in.data_ptr<float>() + b * K1 * E, K1 * E, lat + b * MB * E);
+    std::copy_n(act_in.data_ptr<int64_t>() + b * K, K, act + b * MB);
+  }
+  {
+    pybind11::gil_scoped_release no_gil;
+    UzScratch& sc = thread_uz_scratch(net);
+    for (int64_t b = 0; b < B; ++b)
+      uz_root(net, sc, lat + b * MB * E, act + b * MB, T,
+              cache ? kv.data_ptr<float>() + b * MT * SF : nullptr,
+              logits.data_ptr<float>() + b * net.A, value.data_ptr<float>() + b, false);
+  }
+  return {latents, actions, length, kv, logits, value};
+}
+
 // The whole search on a fresh tree whose root (node 0: children_prior,
 // children_logits, root_legal, raw_value and the node state) the caller has
 // filled: simulation s creates node s + 1, for s < N - 1, writing its state
 // (the [B, N, ...] leaves of tree.embeddings), raw value, prior logits and
 // prior, and the edge reward; every edge keeps its children_discount.
-// With kv (cache mode) each node writes only its own slots while the search
-// runs and reads its ancestors' through the parent links; at the end every
-// node's buffer is completed with its ancestors' slots.
+// With kv (cache mode) each node writes only its own slots and reads its
+// ancestors' through the parent links; its buffer's other slots are left as
+// the tree allocation left them (uninitialised): nothing in the search reads
+// them, and copying every ancestor's slots into every node moved ~65 MB per
+// search at B = 64. complete_node_states (modules/unizero/node_states.py)
+// rebuilds search_step's layout for whoever reads the states afterwards.
 void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
                     const at::Tensor& parent, const at::Tensor& action_from_parent,
                     const at::Tensor& children_index, const at::Tensor& children_prior,
@@ -216,14 +260,6 @@ void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
           expand_and_backup_in_tree(r, n, l.node, l.action, rows.reward[s], rows.value[s],
                                     prior.data() + s * A, nullptr);
         });
-    if (cache)  // complete every node state (parents first: a parent's index is smaller)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t n = 1; n < N; ++n) {
-          const int64_t node = b * N + n;
-          if (own_from[node] == 0) continue;
-          const int64_t p = b * N + t.par[node];
-          std::copy_n(st.kv + p * MT * SF, own_from[node] * SF, st.kv + node * MT * SF);
-        }
   });
 }
 
@@ -233,7 +269,8 @@ void register_unizero(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("unizero_search", &unizero_search,
         "Run every simulation of a search for UniZeroModel (transformer world model; with `kv`, "
-        "the exact per-node KV cache, else a full recompute per step) on a fresh tree whose "
+        "the exact per-node KV cache, each node's buffer holding its own slots only, else a "
+        "full recompute per step) on a fresh tree whose "
         "root is initialised, in place, descending with the named rules (`fma`: the opt-in "
         "FMA path of the expansions' linear layers and decodes where the CPU has it).",
         MZ_FUSED_TREE_PY_ARGS,
@@ -246,6 +283,12 @@ void register_unizero(pybind11::module_& m) {
         "`kv` None: no cache). Returns [policy_logits, value].",
         py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("latents"),
         py::arg("actions"), py::arg("length"), py::arg("kv"), py::arg("baseline") = false);
+  m.def("unizero_root_window", &unizero_root_window,
+        "UniZeroModel.root_from_latents for full history windows (no packing needed): the "
+        "root node states and unizero_root's outputs in one call. Returns [latents, actions, "
+        "length, kv (undefined without `cache`), policy_logits, value].",
+        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("window"),
+        py::arg("history"), py::arg("cache"));
   m.def("unizero_recurrent", &unizero_recurrent,
         "Test hook: the fused UniZero search's network step (search_step) for a batch of "
         "states (`kv` None: recompute mode; `baseline`: force the 4-wide build; `fma`: the "

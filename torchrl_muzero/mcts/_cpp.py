@@ -57,7 +57,8 @@ _EXPECTED_VERSION = 2
 
 # The kernel's translation units (keep in step with setup.py's list).
 _SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp", "stochastic_net.cpp", "stochastic_search.cpp",
-            "ez_net.cpp", "ez_search.cpp", "unizero_net.cpp", "unizero_search.cpp")
+            "ez_net.cpp", "ez_search.cpp", "unizero_net.cpp", "unizero_search.cpp",
+            "root_ops.cpp")
 
 _lock = threading.Lock()
 _loaded = False  # the load is attempted once per process; failures are sticky

@@ -28,7 +28,8 @@ Per tree ``[B]``:
 Per root ``[B, A]``: ``root_legal`` (bool).
 Per node ``embeddings``: the model's node states, a tensor
 ``[B, N, *latent_shape]`` or a TensorDict of batch ``[B, N]`` (the
-``state`` of :class:`~torchrl_muzero.modules.ModelStep`).
+``state`` of :class:`~torchrl_muzero.modules.ModelStep`); node 0 is the
+root's, the others are written by the search (uninitialised before).
 ``extra``: the one slot for a variant's own data (a dict of tensors with
 leading dim ``B``: root Gumbel noise, the considered-visit table, ...).
 
@@ -128,19 +129,39 @@ def child_visits(tree: Tree, node: int) -> torch.Tensor:
     return tree.visit_count.gather(1, index.clamp_min(0)).masked_fill_(index < 0, 0)
 
 
-def _node_states(root_state: TensorDictBase, N: int) -> TensorDictBase:
-    """``root_state [B]`` repeated for ``N`` nodes, ``[B, N]``: ``unsqueeze(1).expand(B, N).clone()``.
+def node_states(root_state: torch.Tensor | TensorDictBase, N: int) -> torch.Tensor | TensorDictBase:
+    """The ``[B, N]`` node states of a tree whose root state is ``root_state`` (a tensor ``[B, ...]``
+    or a TensorDict of batch ``[B]``): node 0 holds it, the others are left for the search to write."""
+    if isinstance(root_state, TensorDictBase):
+        return _node_states(root_state, N)
+    states = root_state.new_empty((root_state.shape[0], N, *root_state.shape[1:]))
+    states[:, 0] = root_state
+    return states
 
-    A flat TensorDict of plain tensors (every model's node state) is repeated leaf by leaf into a
-    new TensorDict: the same tensors without the TensorDict ops' ~50 us per search.
+
+def _node_states(root_state: TensorDictBase, N: int) -> TensorDictBase:
+    """Node states ``[B, N]`` with ``root_state [B]`` as node 0 and the other nodes left uninitialised.
+
+    Every search step writes its node's whole state (the torch loop assigns
+    it, the fused kernels fill every leaf), so repeating the root into every
+    node was a copy nobody read; it was also the largest cost of a UniZero
+    search at B = 64 (~65 MB of K/V buffers per search at CartPole sizes). The
+    one exception, the fused UniZero search's K/V cache, writes only each
+    node's own slots (:func:`~torchrl_muzero.modules.unizero.node_states.complete_node_states`
+    rebuilds the rest on demand). A flat TensorDict of plain tensors (every
+    model's node state) is allocated leaf by leaf, without the TensorDict ops'
+    ~50 us per search.
     """
     B = root_state.batch_size[0]
     if type(root_state) is TensorDict and root_state.batch_dims == 1 and all(n is None for n in root_state.names):
         leaves = dict(root_state.items())
         if all(type(v) is torch.Tensor for v in leaves.values()):
-            nodes = {k: v.unsqueeze(1).expand(B, N, *v.shape[1:]).clone() for k, v in leaves.items()}
+            nodes = {}
+            for k, v in leaves.items():
+                nodes[k] = v.new_empty((B, N, *v.shape[1:]))
+                nodes[k][:, 0] = v
             return TensorDict(nodes, [B, N], device=root_state.device)
-    return root_state.unsqueeze(1).expand(B, N).clone()
+    return root_state.unsqueeze(1).expand(B, N).clone()  # nested or typed states: the generic way (a copy)
 
 
 def allocate_tree(
@@ -165,11 +186,8 @@ def allocate_tree(
     f32 = dict(dtype=torch.float32, device=device)
     if root_state is None:
         embeddings = torch.zeros(B, N, *latent_shape, dtype=latent_dtype, device=device)
-    elif isinstance(root_state, TensorDictBase):
-        embeddings = _node_states(root_state, N)
     else:
-        embeddings = torch.empty(B, N, *root_state.shape[1:], dtype=root_state.dtype, device=device)
-        embeddings[:, 0] = root_state
+        embeddings = node_states(root_state, N)
     return Tree(
         visit_count=torch.zeros(B, N, **i32),
         value_sum=torch.zeros(B, N, **f32),

@@ -66,8 +66,9 @@ Fused search. With the C++ kernel on CPU the search runs every simulation in
 one call (:mod:`.fused`, ``csrc/unizero_net.h``), this step's arithmetic in
 either mode; there each node computes only its own two tokens' keys/values
 and reads its ancestors' through the tree's parent links (the same cache,
-keyed by tree node, without the per-expansion copy), and the node states are
-completed to this layout at the end. The root's window forward runs in the
+keyed by tree node, without the per-expansion copy); a node's buffer there holds
+its own slots only, and :func:`~.node_states.complete_node_states` rebuilds this
+layout on demand (the search itself never needs it). The root's window forward runs in the
 same kernel (:meth:`root_from_latents`); the encoder stays in torch.
 """
 from __future__ import annotations
@@ -83,7 +84,7 @@ from torchrl_muzero.modules.model import MuZeroModel
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport
 from torchrl_muzero.modules.unizero.encoder import MLPEncoder
-from torchrl_muzero.modules.unizero.fused import fused_root_from_leaves, fused_unizero_weights
+from torchrl_muzero.modules.unizero.fused import fused_root_from_leaves, fused_root_window, fused_unizero_weights
 from torchrl_muzero.modules.unizero.norm import make_latent_norm
 from torchrl_muzero.modules.unizero.transformer import CausalTransformer
 
@@ -392,6 +393,14 @@ class UniZeroModel(nn.Module):
                 raise ValueError(_VALID_MESSAGE.format(B=B, K1=K1))
             if bool(valid.all()):  # every row holds a full window: nothing to pack
                 valid = None
+        if valid is None:  # the state and the root's forward in one C++ call when the kernel runs this model
+            fused = fused_root_window(self, latents, actions)
+            if fused is not None:
+                state_latents, state_actions, length, kv, policy_logits, value = fused
+                leaves = {"latents": state_latents, "actions": state_actions, "length": length}
+                if kv is not None:
+                    leaves["kv"] = kv
+                return ModelStep(TensorDict(leaves, [B]), torch.zeros_like(value), policy_logits, value)
         state_latents = latents.new_zeros(B, self.max_blocks, E)
         state_actions = torch.full((B, self.max_blocks), -1, dtype=torch.long, device=device)
         if valid is None:
