@@ -31,6 +31,21 @@ def tiny_config(run_dir, **overrides) -> dict:
     return cfg
 
 
+def tiny_pong_overrides(run_dir, total_env_steps: int = 192) -> list[str]:
+    """Hydra overrides of a Pong run small enough for a test (2 games of 40 steps, a ResNet of 8
+    channels, 3 simulations): the end-to-end tests add the algorithm's and the pool's keys."""
+    return [
+        "env=Pong", f"run_dir={run_dir}", "logger.progress_bar=false",
+        "env.num_envs=2", "env.max_episode_steps=40", "env.noop_max=4",
+        "model.channels=8", "mcts.num_simulations=3",
+        "loss.projection_dim=16", "loss.projection_hidden_dim=16", "loss.prediction_hidden_dim=8",
+        "optim.batch_size=8", "buffer.capacity=2000", "buffer.num_unroll_steps=2", "buffer.td_steps=3",
+        f"train.total_env_steps={total_env_steps}", "train.train_start_after_envsteps=64",
+        "train.frames_per_batch=32", "train.replay_ratio=0.1", "train.checkpoint_interval=5",
+        "eval.num_episodes=1", "eval.interval=4",
+    ]
+
+
 def _ppid(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as f:

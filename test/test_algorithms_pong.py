@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_utils import live_descendants
+from pipeline_utils import live_descendants, tiny_pong_overrides
 from torchrl_muzero.algorithms import algorithm_names
 from torchrl_muzero.trainers import AsyncTrainer
 from torchrl_muzero.trainers.hydra_entry import compose_config
@@ -18,13 +18,7 @@ VARIANTS = [a for a in algorithm_names() if a != "muzero"]  # muzero: test_pong_
 @pytest.mark.parametrize("name", VARIANTS)
 def test_tiny_pong_runs_end_to_end(tmp_path, name):
     cfg = compose_config(CONFIG_DIR, [
-        "env=Pong", f"algo={name}", f"run_dir={tmp_path}", "logger.progress_bar=false",
-        "env.num_envs=2", "env.max_episode_steps=40", "env.noop_max=4",
-        "model.channels=8", "mcts.num_simulations=3",
-        "loss.projection_dim=16", "loss.projection_hidden_dim=16", "loss.prediction_hidden_dim=8",
-        "optim.batch_size=8", "buffer.capacity=2000", "buffer.num_unroll_steps=2", "buffer.td_steps=3",
-        "train.total_env_steps=128", "train.train_start_after_envsteps=64", "train.frames_per_batch=32",
-        "train.replay_ratio=0.1", "train.checkpoint_interval=5", "eval.num_episodes=1", "eval.interval=4",
+        *tiny_pong_overrides(tmp_path, total_env_steps=128), f"algo={name}",
         *(["algo.lstm_hidden_size=16"] if name == "efficientzero" else []),
         *(["algo.embed_dim=16", "algo.num_heads=2"] if name == "unizero" else []),  # env_algo/Pong_unizero: 768
     ])

@@ -18,7 +18,7 @@ from torchrl.collectors import Collector
 from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
 
-from pipeline_utils import _is_resource_tracker, live_descendants, processes_with_marker
+from pipeline_utils import _is_resource_tracker, live_descendants, processes_with_marker, tiny_pong_overrides
 from torchrl_muzero.trainers.ready_collector import ReadyStepCollector, split_ready_env
 from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool
 
@@ -218,15 +218,7 @@ def test_tiny_pong_async_pipeline_with_ready_stepping(tmp_path, monkeypatch):
     from torchrl_muzero.trainers.checkpoint import load_checkpoint
     from torchrl_muzero.trainers.hydra_entry import compose_config
 
-    cfg = compose_config(CONFIG_DIR, [
-        "env=Pong", f"run_dir={tmp_path}", "logger.progress_bar=false", "env.pool=async",
-        "env.num_envs=2", "env.max_episode_steps=40", "env.noop_max=4",
-        "model.channels=8", "mcts.num_simulations=3",
-        "loss.projection_dim=16", "loss.projection_hidden_dim=16", "loss.prediction_hidden_dim=8",
-        "optim.batch_size=8", "buffer.capacity=2000", "buffer.num_unroll_steps=2", "buffer.td_steps=3",
-        "train.total_env_steps=192", "train.train_start_after_envsteps=64", "train.frames_per_batch=32",
-        "train.replay_ratio=0.1", "train.checkpoint_interval=5", "eval.num_episodes=1", "eval.interval=4",
-    ])
+    cfg = compose_config(CONFIG_DIR, [*tiny_pong_overrides(tmp_path), "env.pool=async"])
     # every process of the run inherits the marker: pool workers orphaned by a collector worker show up too
     marker = f"ready-pool-{tmp_path.name}"
     monkeypatch.setenv("TORCHRL_MUZERO_TEST_MARKER", marker)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from pipeline_utils import live_descendants
+from pipeline_utils import live_descendants, tiny_pong_overrides
 from torchrl_muzero.algorithms.stochastic_muzero import _model
 from torchrl_muzero.mcts import MCTSConfig
 from torchrl_muzero.mcts.stochastic import stochastic_search
@@ -223,15 +223,7 @@ def test_tiny_pong_async_end_to_end(tmp_path):
     from torchrl_muzero.trainers import AsyncTrainer
     from torchrl_muzero.trainers.checkpoint import load_checkpoint
 
-    cfg = _cfg([
-        "env=Pong", "algo=stochastic_muzero", f"run_dir={tmp_path}", "logger.progress_bar=false", "logger.log_interval=4",
-        "env.num_envs=2", "env.max_episode_steps=40", "env.noop_max=4",
-        "model.channels=8", "mcts.num_simulations=3",
-        "loss.projection_dim=16", "loss.projection_hidden_dim=16", "loss.prediction_hidden_dim=8",
-        "optim.batch_size=8", "buffer.capacity=2000", "buffer.num_unroll_steps=2", "buffer.td_steps=3",
-        "train.total_env_steps=192", "train.train_start_after_envsteps=64", "train.frames_per_batch=32",
-        "train.replay_ratio=0.1", "train.checkpoint_interval=5", "eval.num_episodes=1", "eval.interval=4",
-    ])
+    cfg = _cfg([*tiny_pong_overrides(tmp_path), "algo=stochastic_muzero", "logger.log_interval=4"])
     assert cfg.algo.name == "stochastic_muzero" and cfg.model.kind == "resnet"
     t0 = time.monotonic()
     summary = AsyncTrainer(cfg).run()
