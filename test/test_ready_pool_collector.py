@@ -189,6 +189,38 @@ def test_acting_memory_follows_its_game():
                 assert not row["context_latent"].any()  # the primer's zeros after the reset
 
 
+def test_unizero_history_window_follows_its_game():
+    """UniZero's history window (raw observations and actions): each game's window is its own last steps."""
+    from torchrl_muzero.mcts import MCTSConfig, MCTSPolicy
+    from torchrl_muzero.mcts.acting_memory import with_acting_memory
+    from torchrl_muzero.mcts.history_memory import HistoryWindowMemory
+    from torchrl_muzero.modules.unizero import UniZeroModel
+
+    torch.manual_seed(0)
+    L = 2
+    model = UniZeroModel((3,), 3, embed_dim=16, num_heads=2, context_length=L, max_blocks=6,
+                         value_support_size=5, reward_support_size=5).eval()
+    policy = MCTSPolicy(model, MCTSConfig(num_simulations=2), memory=HistoryWindowMemory(L))
+    env = with_acting_memory(TransformedEnv(_pool([0.02, 0.0, 0.005], [7, 4, 5])), policy)
+    collector = ReadyStepCollector(env, policy, frames_per_batch=30, total_frames=60)
+    try:
+        batches = list(collector)
+    finally:
+        collector.shutdown()
+    per_game = _frames_per_game(batches)
+    assert len(per_game) == 3
+    for game, rows in per_game.items():
+        for t, row in enumerate(rows):
+            step = int(row["observation"][1])
+            assert int(row["history_count"]) == min(step, L), (game, t)
+            count = int(row["history_count"])
+            if count:  # the window's real steps are this game's previous observations and actions
+                window = row["history_observation"][L - count:]
+                assert torch.equal(window, torch.stack([r["observation"] for r in rows[t - count:t]])), (game, t)
+                assert torch.equal(row["history_action"][L - count:].long().flatten(),
+                                   torch.stack([r["action"] for r in rows[t - count:t]]).long().flatten()), (game, t)
+
+
 def test_only_primers_may_wrap_the_pool():
     pool = _pool([0.0, 0.0])
     try:
