@@ -288,14 +288,14 @@ class ReadyStepCollector(BaseCollector):
         """Run the policy on the ready games and send their actions."""
         ids = self._ready
         self._ready = []
-        rows = self._carrier[torch.tensor(ids)]
+        index = torch.tensor(ids)
+        rows = self._carrier[index]
         if self.policy_device is not None:
             rows = rows.to(self.policy_device)
         with torch.no_grad(), set_exploration_type(self.exploration_type):
             out = self.policy(rows)
         if self.policy_device is not None and self.policy_device.type != "cpu":
             out = out.to("cpu")
-        index = torch.tensor(ids)
         if self._acted is None:  # [num_envs] rows, one per game: written when it acts, read when its step ends
             self._acted = out[:1].expand(self.num_envs).clone()
         self._acted[index] = out
@@ -313,7 +313,8 @@ class ReadyStepCollector(BaseCollector):
         roots = _dense(roots, self._idx_key).select(*self._root_keys, strict=False)
         for game in ids:
             del self._in_flight[game]
-        acted = self._acted[torch.tensor(ids)]
+        index = torch.tensor(ids)
+        acted = self._acted[index]
         frames = acted.exclude("next")
         nxt = transitions.get("next")
         if "next" in acted.keys():  # what the policy wrote for the next step (its acting memory)
@@ -332,7 +333,6 @@ class ReadyStepCollector(BaseCollector):
         if bool(done.any()):
             traj[done] = self._traj_pool.get_traj_and_increment(int(done.sum()), device=traj.device).to(traj.dtype)
         roots.set(_TRAJ_KEY, traj)
-        index = torch.tensor(ids)
         self._carrier[index] = roots.to(self._carrier.device)
         self.steps_per_game.index_add_(0, index, torch.ones(len(ids), dtype=torch.int64))
         self._ready.extend(ids)
