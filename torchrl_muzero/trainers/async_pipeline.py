@@ -36,7 +36,7 @@ from torchrl.envs import TransformedEnv
 
 from torchrl_muzero.envs import make_env
 from torchrl_muzero.trainers.base import TrainerBase, TrainingStopped
-from torchrl_muzero.trainers.builders import algorithm, build_model, build_policy, temperature_at
+from torchrl_muzero.trainers.builders import actor_generator, algorithm, build_model, build_policy, temperature_at
 from torchrl_muzero.trainers.config import config_to_dict, load_config
 from torchrl_muzero.trainers.cpu_budget import LearnerThreads, yield_to_learner
 from torchrl_muzero.trainers.evaluator import EvaluatorPool, WorkerDied
@@ -127,13 +127,18 @@ class _ControlledPolicy(TensorDictModuleBase):
 
 
 def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, action_spec, control: SharedControl,
-                        device: str = "cpu"):
-    """Runs in each collector worker (``policy_factory``): a fresh model the scheme fills with weights."""
+                        device: str = "cpu", seed: int | None = None):
+    """Runs in each collector worker (``policy_factory``): a fresh model the scheme fills with weights.
+
+    ``seed`` (the worker's env seed) seeds the search's generator: the spawned worker's
+    global generator would start from a different seed at every launch.
+    """
     cfg = load_config(cfg_dict)
     yield_to_learner(cfg.async_pipeline.actor_niceness)
     torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
     model = build_model(cfg, observation_shape, num_actions).to(device).eval()
-    policy = build_policy(cfg, model, action_spec)
+    generator = actor_generator(seed, device) if seed is not None else None
+    policy = build_policy(cfg, model, action_spec, generator=generator)
     return LockedPolicy(_ControlledPolicy(policy, control), weights_module=model)
 
 
@@ -275,13 +280,14 @@ class AsyncTrainer(TrainerBase):
         # multi_sync: one next() starts every worker and returns all their batches at once (stacked
         # [workers, envs, T]); each worker still collects frames_per_batch frames, as with multi_async
         sync = ap.collector == "multi_sync"
+        seeds = [cfg.seed + 1000 * (i + 1) for i in range(n_workers)]  # each worker's envs and search
         self.collector = (MultiSyncCollector if sync else MultiAsyncCollector)(
-            [functools.partial(_make_worker_env, cfg_dict, cfg.seed + 1000 * (i + 1), self.observation_shape,
-                               self.num_actions) for i in range(n_workers)],
-            policy_factory=functools.partial(
+            [functools.partial(_make_worker_env, cfg_dict, seed, self.observation_shape, self.num_actions)
+             for seed in seeds],
+            policy_factory=[functools.partial(
                 _make_worker_policy, cfg_dict, self.observation_shape, self.num_actions, action_spec, control,
-                collector_device,
-            ),
+                collector_device, seed,
+            ) for seed in seeds],
             frames_per_batch=cfg.train.frames_per_batch * (n_workers if sync else 1),
             total_frames=-1,
             **({"cat_results": "stack"} if sync else {}),

@@ -57,6 +57,23 @@ def build_policy(cfg: TrainConfig, model, action_spec, generator: torch.Generato
                       search_fn=algo.search_fn, memory=algo.acting_memory(cfg))
 
 
+def actor_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """The search's random generator for one collector actor, seeded like its envs.
+
+    A collector worker is a spawned process, whose global torch generator starts
+    from a seed of its own at every launch: a search drawing from it (root noise,
+    sampling the action) made async runs unrepeatable for one ``seed``, and gave
+    two workers no seed-controlled streams. Each actor passes its env seed here.
+
+    Examples:
+        >>> from torchrl_muzero.trainers.builders import actor_generator
+        >>> a, b = actor_generator(1001), actor_generator(1001)
+        >>> bool(torch.rand(3, generator=a).eq(torch.rand(3, generator=b)).all())
+        True
+    """
+    return torch.Generator(device).manual_seed(int(seed))
+
+
 def build_loss(cfg: TrainConfig, model):
     """The run's loss module (the algorithm's ``LossModule`` with ``loss.*`` / ``algo.*``)."""
     return algorithm(cfg).build_loss(cfg, model)

@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl_muzero.trainers.async_pipeline import _make_worker_env
-from torchrl_muzero.trainers.builders import build_model, build_policy
+from torchrl_muzero.trainers.builders import actor_generator, build_model, build_policy
 from torchrl_muzero.trainers.config import load_config
 from torchrl_muzero.trainers.cpu_budget import yield_to_learner
 from torchrl_muzero.trainers.torchrl_guards import LockedPolicy
@@ -112,7 +112,8 @@ class CollectorActor:
         yield_to_learner(cfg.async_pipeline.actor_niceness)
         torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
         model = build_model(cfg, observation_shape, num_actions).to(device).eval()
-        self.search = build_policy(cfg, model, action_spec)
+        # seeded like the actor's envs (a restarted actor gets a new seed, so a new stream too)
+        self.search = build_policy(cfg, model, action_spec, generator=actor_generator(seed, device))
         self.policy = LockedPolicy(self.search, weights_module=model)
         env = _make_worker_env(cfg_dict, seed, observation_shape, num_actions)
         self.collector = Collector(env, self.policy, frames_per_batch=cfg.train.frames_per_batch, total_frames=-1,
