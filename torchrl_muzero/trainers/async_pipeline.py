@@ -412,6 +412,7 @@ class AsyncTrainer(TrainerBase):
         self.lag_sum += float(lag.float().sum())
         self.lag_frames += lag.numel()
         self.buffer.extend(batch.exclude("learner_iter"))
+        self.note_collected(train_iters)
         frames = batch.numel()
         self.env_steps += frames
         returns = episode_returns(batch)

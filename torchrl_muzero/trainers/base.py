@@ -87,6 +87,10 @@ class TrainerBase:
         self.best_version: int | None = None
         self.evaluated_versions: list[int] = []  # in the order their scores arrived
         self.stop_reason: str | None = None
+        # how many updates old the newest collected data is when the learner steps (see note_collected)
+        self.newest_version: int | None = None
+        self.newest_age_sum = 0
+        self.newest_age_updates = 0
         wall_offset = 0.0
         if resume_state is not None:  # a checkpoint that does not fit stops here, before anything is written
             wall_offset = self._resume(resume_state)
@@ -107,6 +111,7 @@ class TrainerBase:
             "wall_s": self.metrics.wall(),
             "best_return": self.best_return,
             "best_version": self.best_version,
+            "newest_data_age_mean": self.newest_data_age_mean(),
         }
 
     def save(self, with_buffer: bool | None = None) -> Path:
@@ -194,8 +199,28 @@ class TrainerBase:
     def train_budget_ready(self) -> bool:
         return self.env_steps >= self.cfg.train.train_start_after_envsteps and len(self.buffer) > 0
 
+    def note_collected(self, versions) -> None:
+        """Record the policy versions (``train_iter`` values) of a batch that just entered the buffer.
+
+        Every update then measures the *freshness* of the data it trains on: its
+        ``train_iter`` minus the newest version in the buffer. The sync pipeline's is
+        ``0 .. frames * replay_ratio - 1``; an async pipeline whose collectors run
+        ahead of a slow learner trains on older data at the same policy lag (which is
+        measured when an action is chosen, not when its data is trained on).
+        """
+        newest = int(versions.max())
+        self.newest_version = newest if self.newest_version is None else max(self.newest_version, newest)
+
+    def newest_data_age_mean(self) -> float:
+        """Mean over updates of ``train_iter`` minus the newest collected version (see note_collected)."""
+        return self.newest_age_sum / max(self.newest_age_updates, 1)
+
     def after_train_step(self, metrics: dict) -> None:
         it = self.learner.train_iter
+        if self.newest_version is not None:  # the update just made ran at train_iter it - 1
+            self.newest_age_sum += max(it - 1 - self.newest_version, 0)
+            self.newest_age_updates += 1
+            metrics = {**metrics, "newest_data_age": float(max(it - 1 - self.newest_version, 0))}
         if it % self.cfg.logger.log_interval == 0:
             self.metrics.log(self.env_steps, {f"train/{k}": v for k, v in metrics.items()})
             self.metrics.log(self.env_steps, {"train/train_iter": it, "buffer/size": len(self.buffer),

@@ -84,6 +84,7 @@ class SyncTrainer(TrainerBase):
             if "policy_version" not in batch.keys():  # the whole batch acted with the current weights
                 batch.set("policy_version", torch.full(batch.shape, self.learner.train_iter, dtype=torch.long))
             self.buffer.extend(batch)
+            self.note_collected(batch["policy_version"])
             self.env_steps += batch.numel()
             returns = episode_returns(batch)
             self.episodes += len(returns)
