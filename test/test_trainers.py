@@ -439,10 +439,10 @@ def test_async_collection_is_reproducible_from_the_seed(tmp_path):
 
 def test_newest_data_age_measures_how_fresh_the_trained_data_is(tmp_path):
     # sync: each batch of 64 frames buys 16 updates, made at ages 0, 1, ..., 15 of its data
-    summary = SyncTrainer(tiny_config(tmp_path / "sync", **{"train.total_env_steps": 512})).run()
-    assert summary["train_iter"] > 0 and summary["newest_data_age_mean"] == pytest.approx(7.5)
-    # four batches per collect: ages 0..63
-    summary = SyncTrainer(tiny_config(tmp_path / "sync4", **{"train.total_env_steps": 512,
+    summary = SyncTrainer(tiny_config(tmp_path / "sync", **{"train.total_env_steps": 256})).run()
+    assert summary["train_iter"] == 48 and summary["newest_data_age_mean"] == pytest.approx(7.5)
+    # four times the frames per collect: ages 0..63
+    summary = SyncTrainer(tiny_config(tmp_path / "sync4", **{"train.total_env_steps": 256,
                                                              "train.frames_per_batch": 256})).run()
     assert summary["newest_data_age_mean"] == pytest.approx(31.5)
     assert json.loads((tmp_path / "sync4" / "summary.json").read_text())["newest_data_age_mean"] == pytest.approx(31.5)
