@@ -54,6 +54,18 @@ def test_context_length_zero_acts_from_the_current_observation(tmp_path):
     assert torch.equal(out["search_policy"], search.search_policy)
 
 
+def test_cartpole_unizero_takes_its_own_learning_rate():
+    """``env=CartPole algo=unizero`` composes env_algo/CartPole_unizero.yaml (lr 1e-3); MuZero keeps 3e-3."""
+    from pathlib import Path
+
+    from torchrl_muzero.trainers.hydra_entry import compose_config
+
+    config_dir = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
+    assert load_config(compose_config(config_dir, ["algo=unizero"])).optim.lr == pytest.approx(1e-3)
+    assert load_config(compose_config(config_dir, ["algo=muzero"])).optim.lr == pytest.approx(3e-3)
+    assert load_config(compose_config(config_dir, ["algo=unizero", "optim.lr=0.003"])).optim.lr == pytest.approx(3e-3)
+
+
 def test_pong_takes_lightzeros_unizero_segment_settings_and_the_model_reads_one_rgb_frame():
     """``env=Pong algo=unizero`` composes env_algo/Pong_unizero.yaml (LightZero's atari_unizero_segment_config:
     one RGB 64x64 frame per token, embed 768, 8 heads, K = 10); other algorithms keep Pong's 4 stacked gray 96x96
