@@ -127,7 +127,7 @@ class _ControlledPolicy(TensorDictModuleBase):
 
 
 def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, action_spec, control: SharedControl,
-                        device: str = "cpu", seed: int | None = None):
+                        device: str, seed: int):
     """Runs in each collector worker (``policy_factory``): a fresh model the scheme fills with weights.
 
     ``seed`` (the worker's env seed) seeds the search's generator: the spawned worker's
@@ -137,8 +137,7 @@ def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, act
     yield_to_learner(cfg.async_pipeline.actor_niceness)
     torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
     model = build_model(cfg, observation_shape, num_actions).to(device).eval()
-    generator = actor_generator(seed, device) if seed is not None else None
-    policy = build_policy(cfg, model, action_spec, generator=generator)
+    policy = build_policy(cfg, model, action_spec, generator=actor_generator(seed, device))
     return LockedPolicy(_ControlledPolicy(policy, control), weights_module=model)
 
 

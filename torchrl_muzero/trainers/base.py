@@ -218,9 +218,10 @@ class TrainerBase:
     def after_train_step(self, metrics: dict) -> None:
         it = self.learner.train_iter
         if self.newest_version is not None:  # the update just made ran at train_iter it - 1
-            self.newest_age_sum += max(it - 1 - self.newest_version, 0)
+            age = max(it - 1 - self.newest_version, 0)
+            self.newest_age_sum += age
             self.newest_age_updates += 1
-            metrics = {**metrics, "newest_data_age": float(max(it - 1 - self.newest_version, 0))}
+            metrics = {**metrics, "newest_data_age": float(age)}
         if it % self.cfg.logger.log_interval == 0:
             self.metrics.log(self.env_steps, {f"train/{k}": v for k, v in metrics.items()})
             self.metrics.log(self.env_steps, {"train/train_iter": it, "buffer/size": len(self.buffer),
