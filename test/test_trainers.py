@@ -417,7 +417,11 @@ def _first_async_actions(tmp_path, name: str, seed: int) -> torch.Tensor:
     """The actions of the batches an async run collects before training starts (initial weights)."""
     cfg = tiny_config(tmp_path / name, seed=seed, **{"train.total_env_steps": 128,
                                                       "train.train_start_after_envsteps": 10_000,
-                                                      "async_pipeline.num_evaluator_actors": 0})
+                                                      "async_pipeline.num_evaluator_actors": 0,
+                                                      # the driver lowers the temperature when its env-step
+                                                      # count crosses a schedule point, at a frame of the
+                                                      # worker's next batch that depends on timing
+                                                      "train.temperature_schedule": [[1.0, 1.0]]})
     trainer = AsyncTrainer(cfg)
     actions = []
     take = trainer._take_batch

@@ -486,6 +486,13 @@ class AsyncTrainer(TrainerBase):
             except Exception as err:  # keep shutting the others down
                 errors.append(f"{name}: {err}")
             setattr(self, name, None)
+        scheme = getattr(self, "scheme", None)
+        if scheme is not None:  # now, while the interpreter is alive (torchrl guard, bug 8)
+            try:
+                scheme.shutdown()
+            except Exception as err:
+                errors.append(f"weight-sync scheme: {err}")
+            self.scheme = None
         if getattr(self, "control", None) is not None:
             self.control.close()
         if getattr(self, "threads", None) is not None:

@@ -74,6 +74,14 @@ Not from PR 4701, same module because it is the same kind of workaround:
    1 thread leaves 1), and the multi-process collectors set it at start and
    shutdown. Guard: :func:`reclaim_torch_threads`, called by the trainers
    after building envs and before training.
+8. *A scheme left to the interpreter's exit hangs the process.* Its
+   ``__del__`` calls ``shutdown()``, whose ``put("stop")`` on the workers'
+   instruction queues starts a feeder thread while the interpreter is
+   finalizing; the thread never starts and ``Thread.start`` waits forever
+   (the script printed its last line and never exits). Guard:
+   :class:`GuardedWeightSyncScheme` skips that ``__del__`` at exit, and the
+   async trainer shuts its scheme down explicitly after the collector.
+   Canary: ``test_canary_scheme_left_to_exit_hangs_the_process``.
 
 Usage (trainer side)::
 

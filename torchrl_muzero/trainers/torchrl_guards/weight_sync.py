@@ -7,6 +7,7 @@ are in ``test/test_torchrl_guards.py``.
 from __future__ import annotations
 
 import queue as queue_lib
+import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -186,6 +187,17 @@ class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
         self._staging: TensorDictBase | None = None  # private shared-memory copy sent to workers
         self._last_received: TensorDictBase | None = None  # worker side, see _background_receive_loop
         self._pending: tuple[int, list[int]] | None = None  # (publish number, workers) not yet acknowledged
+
+    # ------------------------------------------------------------------ exit
+    def __del__(self) -> None:
+        # Bug 8: torchrl's ``__del__`` calls ``shutdown()``, which puts "stop" on every worker's
+        # instruction queue. During interpreter shutdown that ``put`` starts the queue's feeder
+        # thread, the new thread never runs, and the process hangs in ``Thread.start`` forever.
+        # The owner calls ``shutdown()`` while the interpreter is alive; at exit there is nothing
+        # left to tell (the workers were shut down with the collector).
+        if sys.is_finalizing():
+            return
+        super().__del__()
 
     # ------------------------------------------------------------------ state
     def __getstate__(self):
