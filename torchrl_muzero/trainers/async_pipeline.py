@@ -474,7 +474,8 @@ class AsyncTrainer(TrainerBase):
 
     def _shutdown(self) -> None:
         errors = []
-        for name in ("collector", "evaluators"):
+        # the weight-sync scheme after its collector, while the interpreter is alive (torchrl guard 8)
+        for name in ("collector", "evaluators", "scheme"):
             obj = getattr(self, name, None)
             if obj is None:
                 continue
@@ -486,13 +487,6 @@ class AsyncTrainer(TrainerBase):
             except Exception as err:  # keep shutting the others down
                 errors.append(f"{name}: {err}")
             setattr(self, name, None)
-        scheme = getattr(self, "scheme", None)
-        if scheme is not None:  # now, while the interpreter is alive (torchrl guard, bug 8)
-            try:
-                scheme.shutdown()
-            except Exception as err:
-                errors.append(f"weight-sync scheme: {err}")
-            self.scheme = None
         if getattr(self, "control", None) is not None:
             self.control.close()
         if getattr(self, "threads", None) is not None:
