@@ -261,3 +261,31 @@ def test_script_on_ray_runs_and_leaves_nothing_behind(tmp_path, stop):
         time.sleep(0.5)
     assert processes_with_marker(marker) == [], "Ray processes were left behind"
     assert set(glob.glob("/tmp/trm_ray_*")) - before == set(), "the Ray temp folder was left behind"
+
+
+class _GateRecorder(RayAsyncTrainer):
+    """Records, at each collect start, whether the collect gate allowed it on its own or the driver was idle."""
+
+    def _launch(self, slot):
+        ahead, t = self.cfg.async_pipeline.collect_ahead_frames, self.cfg.train
+        owed = t.replay_ratio * (self._frames_coming() + t.frames_per_batch - ahead - t.train_start_after_envsteps)
+        self.launches = getattr(self, "launches", []) + [(owed <= self.learner.train_iter + 1, self.control[4])]
+        super()._launch(slot)
+
+    def _collect_allowed(self):
+        allowed = super()._collect_allowed()
+        self.held_back = getattr(self, "held_back", 0) + (not allowed)
+        return allowed
+
+
+def test_ray_collect_gate_starts_each_collect_just_in_time(tmp_path):
+    """async_pipeline.collect_ahead_frames on Ray: the driver starts a collect only within the bound
+    (or while it waits for a batch with nothing to train on), and every batch still buys its updates."""
+    cfg = _ray_config(tmp_path, **{"train.total_env_steps": 384, "train.replay_ratio": 1.0,
+                                   "async_pipeline.collect_ahead_frames": 128})
+    trainer = _GateRecorder(cfg)
+    summary = trainer.run()
+    assert summary["status"] == "ok", summary
+    assert summary["train_iter"] == (384 - 64) * 1.0
+    assert all(within or idle for within, idle in trainer.launches), trainer.launches
+    assert trainer.held_back > 0, "the bound never held a collect back: the test would not see it ignored"

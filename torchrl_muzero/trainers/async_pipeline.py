@@ -37,6 +37,7 @@ from torchrl.envs import TransformedEnv
 from torchrl_muzero.envs import make_env
 from torchrl_muzero.trainers.base import TrainerBase, TrainingStopped
 from torchrl_muzero.trainers.builders import actor_generator, algorithm, build_model, build_policy, temperature_at
+from torchrl_muzero.trainers.collect_pacing import PacedPolicy
 from torchrl_muzero.trainers.config import config_to_dict, load_config
 from torchrl_muzero.trainers.cpu_budget import LearnerThreads, yield_to_learner
 from torchrl_muzero.trainers.evaluator import EvaluatorPool, WorkerDied
@@ -55,6 +56,9 @@ __all__ = ["AsyncTrainer", "publish_due"]
 
 # index of the driver-written values in the shared control tensor read by workers
 _LEARNER_ITER, _TEMPERATURE = 0, 1
+# just-in-time collection (collect_pacing.py): env steps at the actors' start, and the flag that releases
+# workers waiting at the gate when the run shuts down, and the driver's "waiting for a batch, nothing to train"
+_PACE_OFFSET, _PACE_RELEASE, _PACE_IDLE = 2, 3, 4
 
 
 class SharedControl:
@@ -138,7 +142,15 @@ def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, act
     torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
     model = build_model(cfg, observation_shape, num_actions).to(device).eval()
     policy = build_policy(cfg, model, action_spec, generator=actor_generator(seed, device))
-    return LockedPolicy(_ControlledPolicy(policy, control), weights_module=model)
+    locked = LockedPolicy(_ControlledPolicy(policy, control), weights_module=model)
+    ap = cfg.async_pipeline
+    if ap.collect_ahead_frames < 0:
+        return locked
+    # outside the lock: a worker waiting under it would block the publish the learner waits for
+    return PacedPolicy(locked, control, learner_iter_index=_LEARNER_ITER, offset_index=_PACE_OFFSET,
+                       release_index=_PACE_RELEASE, idle_index=_PACE_IDLE, num_workers=ap.num_collector_actors,
+                       ahead=ap.collect_ahead_frames, replay_ratio=cfg.train.replay_ratio,
+                       warmup=cfg.train.train_start_after_envsteps)
 
 
 @contextlib.contextmanager
@@ -269,8 +281,9 @@ class AsyncTrainer(TrainerBase):
         # the knobs' ranges, max_collect_inflight and GPU actors were checked at start (config_checks)
         collector_device = "cuda" if ap.collector_num_gpus > 0 else "cpu"
         cfg_dict = config_to_dict(cfg)
-        control = SharedControl(2)
+        control = SharedControl(5)
         control[_LEARNER_ITER] = self.learner.train_iter
+        control[_PACE_OFFSET] = self.env_steps  # a resumed run's workers count their frames from here
         control[_TEMPERATURE] = temperature_at(cfg, self.env_steps / max(cfg.train.total_env_steps, 1))
         self.control = control
         action_spec = action_spec_of(cfg)
@@ -325,7 +338,10 @@ class AsyncTrainer(TrainerBase):
                 have_budget = sum(budgets) >= 1
                 if have_budget and (not self._batch_ready() or (not cold and len(budgets) >= queue_cap)):
                     break
+                # nothing to train on while it waits: the collect gate (collect_pacing.py) holds no worker back
+                self.control[_PACE_IDLE] = float(not have_budget)
                 self._take_batch(self._next_batch(iterator), budgets)
+                self.control[_PACE_IDLE] = 0.0
                 cold = not self.train_budget_ready()
                 if self.should_stop():
                     break
@@ -474,6 +490,8 @@ class AsyncTrainer(TrainerBase):
 
     def _shutdown(self) -> None:
         errors = []
+        if getattr(self, "control", None) is not None:
+            self.control[_PACE_RELEASE] = 1.0  # workers waiting at the collect gate go on, and see the close
         # the weight-sync scheme after its collector, while the interpreter is alive (torchrl guard 8)
         for name in ("collector", "evaluators", "scheme"):
             obj = getattr(self, name, None)

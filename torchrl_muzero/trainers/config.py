@@ -214,6 +214,10 @@ class AsyncPipelineConfig:
     # (0: publish whenever the learner moved, -1: no bound beyond weight_sync_interval)
     max_policy_lag: int = 0
     max_train_budget_queue_size: int = 0  # 0: 2 * num_collector_actors
+    # just-in-time collection (trainers/collect_pacing.py): the collectors run at most this many env
+    # steps ahead of the data the learner has trained on (-1: no bound, collect as fast as they can;
+    # otherwise at least num_collector_actors * train.frames_per_batch)
+    collect_ahead_frames: int = -1
     eval_at_start: bool = False
     collector_num_cpus: int = 1
     evaluator_num_cpus: int = 1

@@ -170,6 +170,7 @@ RANGES: dict[str, Range] = {
     "async_pipeline.weight_sync_interval": INTERVAL,
     "async_pipeline.max_policy_lag": Range(0, off=(-1, "no bound")),
     "async_pipeline.max_train_budget_queue_size": Range(1, off=(0, "2 * num_collector_actors")),
+    "async_pipeline.collect_ahead_frames": Range(0, off=(-1, "no bound")),
     "async_pipeline.collector_num_cpus": COUNT,
     "async_pipeline.evaluator_num_cpus": COUNT,
     "async_pipeline.learner_num_threads": Range(1, off=(0, "the cores the working actors leave free")),
@@ -295,6 +296,13 @@ def _check_rules(cfg) -> None:
             f"({ap.num_collector_actors}) with collector=multi_sync, got {ap.max_collect_inflight}: each round "
             "starts one collect on every collector actor; use collector=multi_async to bound the collects in flight."
         )
+    if ap.collect_ahead_frames >= 0:
+        if ap.collector == "multi_sync":
+            raise ConfigError(
+                f"config key 'async_pipeline.collect_ahead_frames' is {ap.collect_ahead_frames}, which bounds "
+                "collector=multi_async; multi_sync already collects each round when the driver asks for it "
+                "(use -1, or collector=multi_async)."
+            )
     if ap.ray_local_mode:
         raise ConfigError(
             "config key 'async_pipeline.ray_local_mode' is true, but Ray (2.60) no longer has a local mode "

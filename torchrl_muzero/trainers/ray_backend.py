@@ -58,8 +58,9 @@ from pathlib import Path
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_muzero.trainers.async_pipeline import AsyncTrainer, action_spec_of, publish_due
+from torchrl_muzero.trainers.async_pipeline import _PACE_IDLE, AsyncTrainer, action_spec_of, publish_due
 from torchrl_muzero.trainers.builders import temperature_at
+from torchrl_muzero.trainers.collect_pacing import collect_gate_open
 from torchrl_muzero.trainers.config import ConfigError, config_to_dict
 from torchrl_muzero.trainers.evaluator import WorkerDied
 from torchrl_muzero.trainers.ray_actors import CollectorActor, EvaluatorActor, WeightPacker, unpack_weights
@@ -300,8 +301,19 @@ class RayAsyncTrainer(AsyncTrainer):
         for slot in range(ap.num_collector_actors):
             if len(self.running) >= limit or self._frames_coming() >= self.cfg.train.total_env_steps:
                 return
+            if not self._collect_allowed():
+                return
             if slot not in busy:
                 self._launch(slot)
+
+    def _collect_allowed(self) -> bool:
+        """Just-in-time collection (collect_pacing.py), here per collect: the driver starts it or waits."""
+        ap, t = self.cfg.async_pipeline, self.cfg.train
+        if ap.collect_ahead_frames < 0 or self.control[_PACE_IDLE]:
+            return True
+        return collect_gate_open(frames_after=self._frames_coming() + t.frames_per_batch,
+                                 learner_iter=self.learner.train_iter, ahead=ap.collect_ahead_frames,
+                                 replay_ratio=t.replay_ratio, warmup=t.train_start_after_envsteps)
 
     def _fill_round(self) -> None:
         """multi_sync: one collect on every actor, all of one version, once the last round was handed in.
@@ -474,10 +486,11 @@ class RayAsyncTrainer(AsyncTrainer):
 
 
 class _DriverControl:
-    """The two values the local backend shares through memory; on Ray they travel with each collect."""
+    """The values the local backend shares through memory; on Ray they travel with each collect
+    (temperature) or stay with the driver (the collect gate's, read by :meth:`RayAsyncTrainer._fill`)."""
 
     def __init__(self) -> None:
-        self.values = [0.0, 1.0]
+        self.values = [0.0, 1.0, 0.0, 0.0, 0.0]
 
     def __getitem__(self, i: int) -> float:
         return self.values[i]
