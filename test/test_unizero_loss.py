@@ -156,3 +156,26 @@ def test_label_smoothing_follows_train_iter():
     smoothed = float(loss(_batch())["loss_policy"])
     assert smoothed != pytest.approx(float(UniZeroLoss(copy.deepcopy(loss.model))(_batch())["loss_policy"]))
     assert UniZeroLoss(_model()).policy_ls_eps == 0.0  # start 0: off
+
+
+def test_group_kl_is_the_kl_of_each_simnorm_group():
+    """latent_loss='group_kl': KL(target || prediction) per SimNorm group, averaged over the groups."""
+    model = _model()
+    loss = UniZeroLoss(model, latent_loss="group_kl")
+    inputs = loss._read_inputs(_batch())
+    unrolled = loss._unroll(inputs)
+    term = loss._step_terms(inputs, unrolled)["latent"]
+    g = model.latent_norm.simnorm_dim
+    p = unrolled["next_latent"].reshape(B, K1 - 1, -1, g)
+    t = unrolled["target_latent"].reshape(B, K1 - 1, -1, g)
+    expected = torch.distributions.kl_divergence(torch.distributions.Categorical(probs=t),
+                                                 torch.distributions.Categorical(probs=p)).mean(-1)
+    torch.testing.assert_close(term.values, expected)
+    assert float(expected.min()) > 0
+    # the same prediction as its target gives 0
+    unrolled["next_latent"] = unrolled["target_latent"].clone()
+    assert float(loss._step_terms(inputs, unrolled)["latent"].values.abs().max()) < 1e-6
+    with pytest.raises(ValueError, match="group_kl' needs a model with SimNorm latents"):
+        UniZeroLoss(UniZeroModel((5,), A, embed_dim=16, num_heads=2, context_length=2, max_blocks=6,
+                                 value_support_size=5, reward_support_size=5, latent_norm="layernorm"),
+                    latent_loss="group_kl")

@@ -34,7 +34,7 @@ from torchrl_muzero.algorithms.registry import Algorithm, register
 __all__ = ["UNIZERO"]
 
 _KEYS = ("embed_dim", "num_layers", "num_heads", "context_length", "max_blocks", "position", "latent_norm",
-         "zero_init_heads", "policy_entropy_weight", "target_update_theta", "latent_loss_weight",
+         "zero_init_heads", "policy_entropy_weight", "target_update_theta", "latent_loss_weight", "latent_loss",
          "reward_loss_weight", "policy_loss_weight", "value_loss_weight", "policy_ls_eps_start",
          "policy_ls_eps_end", "policy_ls_eps_decay_steps")
 
@@ -49,6 +49,9 @@ def _check(cfg) -> None:
     if a.max_blocks < a.context_length + 2:  # a root window plus one search step
         raise ConfigError(f"config key 'algo.max_blocks' ({a.max_blocks}) must be >= algo.context_length + 2 "
                           f"= {a.context_length + 2}.")
+    if a.latent_loss == "group_kl" and a.latent_norm != "simnorm":
+        raise ConfigError(f"config key 'algo.latent_loss' is 'group_kl', a KL over SimNorm's groups, but "
+                          f"algo.latent_norm is {a.latent_norm!r}; use latent_norm=simnorm or latent_loss=mse.")
     if a.embed_dim % a.num_heads:
         raise ConfigError(f"config key 'algo.embed_dim' ({a.embed_dim}) must be a multiple of algo.num_heads "
                           f"({a.num_heads}).")
@@ -94,6 +97,7 @@ def _loss(cfg, model):
         model, latent_loss_weight=a.latent_loss_weight, reward_loss_weight=a.reward_loss_weight,
         policy_loss_weight=a.policy_loss_weight, value_loss_weight=a.value_loss_weight,
         policy_entropy_weight=a.policy_entropy_weight, target_update_theta=a.target_update_theta,
+        latent_loss=a.latent_loss,
         policy_ls_eps_start=a.policy_ls_eps_start, policy_ls_eps_end=a.policy_ls_eps_end,
         policy_ls_eps_decay_steps=a.policy_ls_eps_decay_steps,
     )

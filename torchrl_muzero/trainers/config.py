@@ -100,6 +100,9 @@ class AlgoConfig:
     # UniZero's loss weights (LightZero hard-codes 10 / 1 / 1 / 0.5; here they are used); the loss.* weights
     # are MuZero's and an error with algo=unizero
     latent_loss_weight: float = 10.0
+    # the next-latent term: mse (the paper's), cos_sim, or group_kl (per SimNorm group KL(target || prediction),
+    # LightZero's choice with SimNorm latents; needs latent_norm=simnorm)
+    latent_loss: str = "mse"
     reward_loss_weight: float = 1.0
     policy_loss_weight: float = 1.0
     value_loss_weight: float = 0.5
@@ -278,6 +281,7 @@ _KNOWN_CHOICES = {
     "env.kind": ("gym", "atari", "board", "game"),
     "env.pool": ("serial", "parallel", "async"),
     "model.kind": ("mlp", "resnet"),
+    "algo.latent_loss": ("mse", "cos_sim", "group_kl"),
     "algo.policy_loss": ("cross_entropy", "kl"),
     "mcts.backend": ("auto", "torch", "cpp"),
     "mcts.kernel_precision": ("exact", "fma"),
