@@ -78,6 +78,8 @@ CASES = [
     ("temperature-schedule", ["train.temperature_schedule=[[2,1]]"], "'train.temperature_schedule'", None, None),
     ("negative-seed", ["seed=-1"], "'seed'", None, None),
     ("unknown-key", ["train.replay_ratoi=1"], "Did you mean 'train.replay_ratio'", None, None),
+    ("lightzero-kv-cache-key", ["algo=unizero", "algo.kv_cache_clear_interval=2000"],
+     "'algo.kv_cache_clear_interval' is not used by torchrl_muzero: UniZero keeps no KV cache", None, None),
     ("unknown-env-option", ["env=Pongg"], "config group 'env' has no option 'Pongg'", None, None),
     ("wrong-type", ["train.replay_ratio=abc"], "'train.replay_ratio'", None, None),
     ("unparsable", ["seed=[1"], "'seed=[1'", None, None),

@@ -45,6 +45,14 @@ def test_config_rejects_unknown_keys_and_wrong_types():
     assert cfg.train.replay_ratio == 1.0 and cfg.mcts.num_simulations == 7
 
 
+def test_lightzero_keys_absent_on_purpose_say_why():
+    """A LightZero UniZero config's ``kv_cache_clear_interval`` gets the reason, not only the key list."""
+    with pytest.raises(ConfigError, match=r"'algo\.kv_cache_clear_interval' is not used by torchrl_muzero: "
+                                          r"UniZero keeps no KV cache between searches.*remove the key") as err:
+        load_config({"algo": {"name": "unizero", "kv_cache_clear_interval": 2000}})
+    assert "Valid keys here" not in str(err.value)
+
+
 def test_seed_knobs_exist():
     names = set(load_config().async_pipeline.__dataclass_fields__)
     for knob in ("enabled", "num_collector_actors", "num_evaluator_actors", "max_collect_inflight",

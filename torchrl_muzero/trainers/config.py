@@ -313,7 +313,21 @@ def _check_type(path: str, value: Any, annotation: Any) -> Any:
     return value
 
 
+# LightZero keys a migrating user will pass that have no counterpart here on purpose: the error says
+# why instead of only listing the valid keys (a key that silently did nothing would mislead).
+_DELIBERATELY_ABSENT = {
+    "algo.kv_cache_clear_interval": (
+        "UniZero keeps no KV cache between searches here (each search builds its own from the raw "
+        "history window with the current weights; docs/variants.md, 'Where the history lives'), "
+        "so there is nothing to clear: remove the key."
+    ),
+}
+
+
 def _unknown_key(names: list[str], key: str, prefix: str) -> ConfigError:
+    why = _DELIBERATELY_ABSENT.get(f"{prefix}{key}")
+    if why is not None:
+        return ConfigError(f"config key '{prefix}{key}' is not used by torchrl_muzero: {why}")
     close = difflib.get_close_matches(str(key), names, n=1)
     hint = f" Did you mean '{prefix}{close[0]}'?" if close else ""
     return ConfigError(f"unknown config key '{prefix}{key}'.{hint} Valid keys here: {', '.join(names)}.")
