@@ -72,9 +72,8 @@ def test_cartpole_unizero_takes_its_own_settings():
     assert mu.train.temperature_schedule == [[1.0, 1.0]]
     back = load_config(compose_config(config_dir, ["algo=unizero", "optim.lr=0.003", "algo.latent_loss=mse"]))
     assert back.optim.lr == pytest.approx(3e-3) and back.algo.latent_loss == "mse"
-    # the loss the registry builds reads the key
-    assert get_algorithm("unizero").build_loss(uni, get_algorithm("unizero").build_model(uni, (4,), 2)).latent_loss \
-        == "group_kl"
+    algo = get_algorithm("unizero")  # the loss the registry builds reads the key
+    assert algo.build_loss(uni, algo.build_model(uni, (4,), 2)).latent_loss == "group_kl"
 
 
 def test_pong_takes_lightzeros_unizero_segment_settings_and_the_model_reads_one_rgb_frame():
