@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -42,7 +43,7 @@ class EvalResult:
         return sum(self.returns) / max(len(self.returns), 1)
 
 
-def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results, parent_pid, index):
+def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results, parent_pid, index, stop):
     yield_to_learner(int(cfg_dict["async_pipeline"]["actor_niceness"]))
     num_threads = max(1, int(cfg_dict["async_pipeline"]["evaluator_num_cpus"]))
     torch.set_num_threads(num_threads)
@@ -51,14 +52,14 @@ def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results,
         from torchrl_muzero.envs import make_env
         from torchrl_muzero.trainers.builders import algorithm, build_model, mcts_config
         from torchrl_muzero.trainers.config import load_config
-        from torchrl_muzero.trainers.evaluation import evaluate_with_stats
+        from torchrl_muzero.trainers.evaluation import EvaluationCancelled, evaluate_with_stats
 
         cfg = load_config(cfg_dict)
         model = build_model(cfg, observation_shape, num_actions).to(device).eval()
         env = make_env(cfg.env, num_envs=cfg.eval.num_episodes, seed=cfg.seed + 10_000 + index, training=False)
         sims = cfg.eval.num_simulations or cfg.mcts.num_simulations
         mcts = mcts_config(cfg, temperature=0.0, num_simulations=sims)
-        while True:
+        while not stop.is_set():
             try:
                 request = requests.get(timeout=1.0)
             except queue.Empty:
@@ -70,8 +71,12 @@ def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results,
             version, weights = request
             model.load_state_dict(weights)
             algo = algorithm(cfg)
-            results.put(("ok", index, version, evaluate_with_stats(model, env, mcts, cfg.env, search_fn=algo.search_fn,
-                                                                   memory=algo.acting_memory(cfg))))
+            try:
+                scored = evaluate_with_stats(model, env, mcts, cfg.env, search_fn=algo.search_fn,
+                                             memory=algo.acting_memory(cfg), should_stop=stop.is_set)
+            except EvaluationCancelled:  # the driver is shutting down: nobody waits for this score
+                break
+            results.put(("ok", index, version, scored))
         env.close()
     except BaseException:  # report, then exit non-zero: the driver names us in its error
         results.put(("error", index, -1, traceback.format_exc()))
@@ -97,6 +102,9 @@ class EvaluatorPool:
                  max_inflight: int = 1) -> None:
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
+        # set by shutdown(): an evaluator mid-episode abandons it at its next env step instead of
+        # playing on (hundreds of searches under load) while the driver waits to join it
+        self.stop = ctx.Event()
         self.requests = []
         self.procs = []
         self.busy = []
@@ -104,7 +112,7 @@ class EvaluatorPool:
         for i in range(num_evaluators):
             q = ctx.Queue()
             p = ctx.Process(target=_evaluator_main, name=f"muzero-evaluator-{i}",
-                            args=(cfg_dict, observation_shape, num_actions, q, self.results, os.getpid(), i),
+                            args=(cfg_dict, observation_shape, num_actions, q, self.results, os.getpid(), i, self.stop),
                             daemon=True)
             p.start()
             self.requests.append(q)
@@ -142,17 +150,31 @@ class EvaluatorPool:
                 raise WorkerDied(f"evaluator process {i} (pid {p.pid}) died with exit code {p.exitcode}.")
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop every evaluator: call after the last :meth:`poll` (a score still in flight is dropped).
+
+        Evaluators are told to stop (between two env steps) and to exit; one that
+        has not exited within ``min(timeout_s, 2 s)`` is killed. Killing loses
+        nothing: an evaluator is daemonic (it steps its games in-process, no
+        children), writes no file, and the driver no longer reads its queue. The
+        short grace matters because evaluators run at ``actor_niceness``: on a
+        loaded machine a starved one can take tens of seconds just to exit, and a
+        fault stop must not wait for it.
+        """
+        self.stop.set()
         for q, p in zip(self.requests, self.procs):
             if p.is_alive():
                 try:
                     q.put(None)
                 except Exception:
                     pass
+        deadline = time.monotonic() + min(timeout_s, 2.0)
         for p in self.procs:
-            p.join(timeout=timeout_s)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        late = [p for p in self.procs if p.is_alive()]
+        for p in late:
+            p.kill()
+        for p in late:
+            p.join(timeout=5)
         for q in [*self.requests, self.results]:
             q.cancel_join_thread()
             q.close()
