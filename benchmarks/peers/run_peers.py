@@ -3,7 +3,7 @@
 Run from the repository's venv (the peers run in their own venvs, see DEVELOPERS.md):
 
     python benchmarks/peers/run_peers.py [--variants muzero,gumbel_muzero] [--batches 1,8,64,256]
-                                         [--rounds 3] [--json-out results.jsonl]
+                                         [--rounds 3] [--passes 1] [--json-out results.jsonl]
 
 It exports the case (``export_case.py``), times our search on it in this
 process, then runs ``lightzero_search.py`` with ``$TORCHRL_MUZERO_LZ_PYTHON``
@@ -12,7 +12,11 @@ process, then runs ``lightzero_search.py`` with ``$TORCHRL_MUZERO_LZ_PYTHON``
 subprocesses, and prints one table of searches/s (the median of the rounds;
 one search = one root; 50 simulations, 6 actions, root noise on, one thread).
 A peer whose python is missing or cannot import its package is skipped with a
-message. Every implementation first checks its re-built network against ours
+message. ``--passes N`` repeats the whole sequence (ours, then each peer) N
+times and adds a table of ours / best peer per pass: each pass's ratio is
+taken within minutes, so a load that drifts over the run (mctx's figures
+move by up to 2x between runs here) moves both sides of a ratio together.
+Every implementation first checks its re-built network against ours
 (max abs diff printed); the timings start from the exported root latents and
 logits (no representation call).
 
@@ -273,6 +277,40 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ratio_table(records: list[dict]) -> str:
+    """Ours / the best peer, pass by pass (the median of each pass's rounds; wall clock).
+
+    One row per (variant, B) and one column per implementation of ours: the
+    ratios of every pass, then their median and minimum. A pass without a
+    peer's figure for that row (the peer skipped it) is left out.
+    """
+    timed = [r for r in records if "searches_per_s" in r]
+    med: dict = {}
+    for r in timed:
+        med.setdefault((r.get("pass", 0), r["variant"], r["B"], r["impl"]), []).append(r["searches_per_s"])
+    med = {k: statistics.median(v) for k, v in med.items()}
+    ours = list(dict.fromkeys(r["impl"] for r in timed if r["impl"].startswith("ours-")))
+    rows = list(dict.fromkeys((r["variant"], r["B"]) for r in timed))
+    passes = sorted({k[0] for k in med})
+    lines = ["ours / best peer, per pass (median of each pass's rounds, wall clock); then median, min"]
+    for variant, B in rows:
+        cells = []
+        for impl in ours:
+            ratios = []
+            for p in passes:
+                peers = [v for (pp, vv, bb, i), v in med.items() if (pp, vv, bb) == (p, variant, B)
+                         and not i.startswith("ours-")]
+                mine = med.get((p, variant, B, impl))
+                if peers and mine is not None:
+                    ratios.append(mine / max(peers))
+            if ratios:
+                cells.append(f"{impl.removeprefix('ours-')}: " + " ".join(f"{x:.2f}" for x in ratios)
+                             + f" | median {statistics.median(ratios):.2f} min {min(ratios):.2f}")
+        if cells:
+            lines.append(f"{variant:<17} {B:>4}  " + "; ".join(cells))
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default="muzero,gumbel_muzero,stochastic_muzero,efficientzero")
@@ -283,6 +321,8 @@ def main() -> None:
     parser.add_argument("--ours", default="cpp,cpp-fma,cpp-loop,torch",
                         help="comma-separated: which of our implementations to time (cpp-fma where the CPU has FMA)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per peer")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="repeat ours-then-peers this many times; adds ours / best peer per pass")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
@@ -293,13 +333,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         case_path = export_case.export(Path(tmp) / "case.npz")
         case = pc.load_case(str(case_path))
-        if not args.no_ours:
-            records += run_ours(case, variants, batches, args.rounds, [i for i in args.ours.split(",") if i])
-        for name in [p for p in args.peers.split(",") if p]:
-            records += run_peer(name, case_path, variants, batches, args.rounds, args.timeout)
+        for n in range(max(1, args.passes)):
+            done = []
+            if not args.no_ours:
+                done += run_ours(case, variants, batches, args.rounds, [i for i in args.ours.split(",") if i])
+            for name in [p for p in args.peers.split(",") if p]:
+                done += run_peer(name, case_path, variants, batches, args.rounds, args.timeout)
+            for r in done:
+                r["pass"] = n
+            records += done
     load["loadavg_end"] = os.getloadavg()
     print()
     print(table(records))
+    if args.passes > 1:
+        print()
+        print(ratio_table(records))
     print(f"load average (1, 5, 15 min) at start {tuple(round(x, 2) for x in load['loadavg_start'])}, "
           f"at end {tuple(round(x, 2) for x in load['loadavg_end'])}; {os.cpu_count()} cores, all timed on core {core}")
     if args.json_out:

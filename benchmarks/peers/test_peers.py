@@ -75,6 +75,18 @@ def test_table_lays_out_medians():
     assert "2.0" in out and "10.0" in out and "network check" in out
 
 
+def test_ratio_table_divides_ours_by_the_best_peer_pass_by_pass():
+    def rec(impl, p, v):
+        return {"impl": impl, "variant": "gumbel_muzero", "B": 64, "pass": p, "searches_per_s": v}
+
+    recs = [rec("ours-cpp", 0, 400.0), rec("ours-cpp", 0, 600.0), rec("mctx", 0, 200.0), rec("lightzero", 0, 100.0),
+            rec("ours-cpp", 1, 300.0), rec("mctx", 1, 250.0), rec("lightzero", 1, 50.0),
+            rec("ours-cpp", 2, 900.0)]  # pass 2: no peer figure, left out
+    out = run_peers.ratio_table(recs)
+    # pass 0: median(400, 600) / max(200, 100) = 2.5; pass 1: 300 / 250 = 1.2
+    assert "cpp: 2.50 1.20 | median 1.85 min 1.20" in out
+
+
 def test_table_warns_about_an_implementation_on_more_than_one_core():
     recs = [{"impl": "a", "variant": "muzero", "B": 1, "searches_per_s": 1.0, "cpu_per_wall": 1.0},
             {"impl": "b", "variant": "muzero", "B": 1, "searches_per_s": 2.0, "cpu_per_wall": 1.6}]
