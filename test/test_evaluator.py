@@ -33,8 +33,11 @@ def test_evaluate_abandons_the_episodes_when_asked_between_steps():
 
 
 def _pool(tmp_path) -> EvaluatorPool:
+    # not niced (actor_niceness 0): these tests are about stopping, and a niced evaluator on a loaded
+    # machine spends most of a test starting up
     cfg = load_config({"run_dir": str(tmp_path), "eval": {"num_episodes": 1},
-                       "mcts": {"num_simulations": 2}, "model": {"latent_dim": 16, "hidden_dim": 16}})
+                       "mcts": {"num_simulations": 2}, "model": {"latent_dim": 16, "hidden_dim": 16},
+                       "async_pipeline": {"actor_niceness": 0}})
     return EvaluatorPool(config_to_dict(cfg), (4,), 2)
 
 
@@ -59,7 +62,8 @@ def test_an_idle_evaluator_exits_by_itself_at_shutdown(tmp_path):
     pool = _pool(tmp_path)
     (result,) = _score_once(pool)
     assert result.version == 0 and len(result.returns) == 1
-    pool.shutdown(timeout_s=30.0)
+    # a long grace: on a loaded machine a niced evaluator needs seconds just to exit
+    pool.shutdown(timeout_s=60.0, grace_s=60.0)
     assert [p.exitcode for p in pool.procs] == [0]  # it left its loop, not killed
 
 

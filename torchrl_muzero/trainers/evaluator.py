@@ -149,11 +149,11 @@ class EvaluatorPool:
             if not p.is_alive():
                 raise WorkerDied(f"evaluator process {i} (pid {p.pid}) died with exit code {p.exitcode}.")
 
-    def shutdown(self, timeout_s: float = 10.0) -> None:
+    def shutdown(self, timeout_s: float = 10.0, grace_s: float = 2.0) -> None:
         """Stop every evaluator: call after the last :meth:`poll` (a score still in flight is dropped).
 
         Evaluators are told to stop (between two env steps) and to exit; one that
-        has not exited within ``min(timeout_s, 2 s)`` is killed. Killing loses
+        has not exited within ``min(timeout_s, grace_s)`` is killed. Killing loses
         nothing: an evaluator is daemonic (it steps its games in-process, no
         children), writes no file, and the driver no longer reads its queue. The
         short grace matters because evaluators run at ``actor_niceness``: on a
@@ -167,7 +167,7 @@ class EvaluatorPool:
                     q.put(None)
                 except Exception:
                     pass
-        deadline = time.monotonic() + min(timeout_s, 2.0)
+        deadline = time.monotonic() + min(timeout_s, grace_s)
         for p in self.procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         late = [p for p in self.procs if p.is_alive()]
