@@ -121,6 +121,48 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
+def test_a_stop_signal_wrapped_by_a_c_extension_still_stops_cleanly(tmp_path, monkeypatch, stop):
+    # Ray's ray.wait runs signal handlers in check_signals and hands the handler's exception back
+    # wrapped: "SystemError: <cyfunction CoreWorker.wait> returned a result with an exception set"
+    # (seen in CI on test_script_on_ray_runs_and_leaves_nothing_behind[sigterm]); the run must
+    # still end as the signal asks, with its final checkpoint
+    from torchrl_muzero.trainers.base import _Terminated
+
+    trainer = SyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 10**6}))
+    step = trainer.learner.step
+
+    def step_then_signal(*args, **kwargs):
+        out = step(*args, **kwargs)
+        if trainer.learner.train_iter >= 3:
+            try:
+                raise _Terminated() if stop == "sigterm" else KeyboardInterrupt()
+            except BaseException as signalled:
+                raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") \
+                    from signalled
+        return out
+
+    monkeypatch.setattr(trainer.learner, "step", step_then_signal)
+    summary = trainer.run()
+    assert summary["status"] == ("terminated" if stop == "sigterm" else "interrupted"), summary
+    assert summary["exit_code"] == (143 if stop == "sigterm" else 130)
+    assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["counters"]["train_iter"] >= 3
+
+
+def test_an_error_without_a_signal_behind_it_is_not_taken_for_a_stop(tmp_path, monkeypatch):
+    trainer = SyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 10**6}))
+
+    def broken(*args, **kwargs):
+        try:
+            raise ValueError("a bug")
+        except ValueError as bug:
+            raise SystemError("wrapped") from bug
+
+    monkeypatch.setattr(trainer.learner, "step", broken)
+    with pytest.raises(SystemError, match="wrapped"):
+        trainer.run()
+
+
 # -- async --------------------------------------------------------------------------
 class _LagRecorder(AsyncTrainer):
     def _take_batch(self, batch, budgets):

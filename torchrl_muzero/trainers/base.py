@@ -41,6 +41,26 @@ def _raise_terminated(signum, frame):
     raise _Terminated()
 
 
+def _stop_signal_behind(err: BaseException) -> BaseException | None:
+    """The Ctrl-C / SIGTERM exception an error was raised from, if any.
+
+    A signal handler runs wherever the main thread is; inside a C extension
+    that polls for signals (Ray's ``ray.wait`` calls ``check_signals``) the
+    handler's exception can come back wrapped, e.g. as ``SystemError: ...
+    returned a result with an exception set`` caused by our ``_Terminated``.
+    That is still the user's stop, not a crash: the run must end as the
+    signal asks (final checkpoint, its exit status).
+    """
+    seen = set()
+    cause = err.__cause__ or err.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (KeyboardInterrupt, _Terminated)):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 class TrainerBase:
     """Run folder, resume, checkpoints and the stop rules of one training run.
 
@@ -259,7 +279,13 @@ class TrainerBase:
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
-            self._loop()
+            try:
+                self._loop()
+            except Exception as err:  # a stop signal that came back wrapped by a C extension
+                stop = _stop_signal_behind(err)
+                if stop is None:
+                    raise
+                raise stop from err
         except KeyboardInterrupt:
             status = "interrupted"
             self.stop_reason = "interrupted by Ctrl-C"
