@@ -354,3 +354,49 @@ def test_cached_fused_weights_follow_changes_to_the_model():
     gc.collect()
     assert ref() is None  # the cache does not keep a model alive
     assert not any(k is None for k in fused_module._CACHE.keys())
+
+
+def _windows(model, B, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    K = model.context_length
+    obs, actions = torch.randn(B, K + 1, 4, generator=g), torch.randint(A, (B, K), generator=g)
+    valid = torch.ones(B, K + 1, dtype=torch.bool)
+    for b in range(B):  # ragged windows of every length
+        valid[b, : b % (K + 1)] = False
+    return obs, actions, valid
+
+
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_roots_sharing_a_pass_equal_each_root_alone(kv_cache):
+    # The kernel runs many roots per pass through the layers (up to 128 token rows each): each root's
+    # logits, value and K/V must be a pass of its own, bit for bit, across pass boundaries (60 roots
+    # of 1-5 tokens: several passes) and for both root entries (ragged: unizero_root; a full window
+    # alone: unizero_root_window).
+    # (The latents are encoded once: torch's encoder GEMM is not batch-invariant, the kernel is.)
+    model = _model(kv_cache)
+    obs, actions, valid = _windows(model, 60)
+    latents = model.encode(obs).detach()
+    together = model.root_from_latents(latents, actions, valid)
+    for i in range(60):
+        alone = model.root_from_latents(latents[i : i + 1], actions[i : i + 1], valid[i : i + 1])
+        for key in alone.state.keys():
+            assert torch.equal(alone.state[key][0], together.state[key][i]), (i, key)
+        assert torch.equal(alone.policy_logits[0], together.policy_logits[i]), i
+        assert torch.equal(alone.value[0], together.value[i]), i
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch"])
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_root_value_is_the_roots_value_without_its_cache(kv_cache, backend, monkeypatch):
+    import torchrl_muzero.modules.unizero.model as model_module
+
+    model = _model(kv_cache)
+    if backend == "torch":
+        monkeypatch.setattr(model_module, "fused_root_from_leaves", lambda *args: None)
+        monkeypatch.setattr(model_module, "fused_root_window", lambda *args: None)
+    obs, actions, valid = _windows(model, 9)
+    for v in (valid, None):  # ragged windows, full windows
+        root = model.search_root(obs, actions, v)
+        assert ("kv" in root.state.keys()) == kv_cache
+        assert torch.equal(model.root_value(obs, actions, v), root.value)
+        assert "kv" not in model.search_root(obs, actions, v, _keep_cache=False).state.keys()

@@ -193,3 +193,17 @@ def test_only_unizero_buffers_rebuild_history(tmp_path):
         GameBuffer(10, root_memory=ContextLatentMemory(2))
     with pytest.raises(ValueError, match="one-player"):
         GameBuffer(10, root_memory=HistoryWindowMemory(2), two_player=True)
+
+
+def test_bootstrap_reads_the_roots_value_without_building_the_root(monkeypatch):
+    """The learner's bootstrap asks the memory for the root's value alone (``root_value``: UniZero skips
+    the window's K/V cache); it is the acting root's value bit for bit."""
+    model, memory = _model(), HistoryWindowMemory(L)
+    assert model.kv_cache
+    g = torch.Generator().manual_seed(3)
+    obs = torch.randn(6, 2, generator=g)
+    history = memory.memory_from_steps(torch.randn(6, L, 2, generator=g), torch.randint(A, (6, L), generator=g),
+                                       torch.tensor([0, 1, 2, 3, 3, 2]))
+    expected = memory.root(model, obs, history).value.float()
+    monkeypatch.setattr(HistoryWindowMemory, "root", lambda *args: pytest.fail("the bootstrap built the whole root"))
+    assert torch.equal(bootstrap_values(model, obs, memory=memory, history=history), expected)

@@ -315,28 +315,93 @@ MZ_INLINE void uz_step_impl(const UzNet& net, UzScratch& sc, int64_t n, UzRows& 
   }
 }
 
-template <class V, bool F>
-MZ_INLINE void uz_root_impl(const UzNet& net, UzScratch& sc, const float* lat, const int64_t* act,
-                            int64_t T, float* kv, float* logits, float* value) {
+// Token rows per pass of the roots' forward: enough that every linear layer
+// runs full 4-row tiles and streams its weights once for many roots (one
+// CartPole-sized root is 9 rows), few enough that a pass's activations stay
+// in L2.
+constexpr int64_t kRootRows = 128;
+
+// Grow sc (after thread_uz_scratch) to hold `rows` token rows.
+void grow_scratch(const UzNet& net, UzScratch& sc, int64_t rows) {
+  if (rows <= sc.rows) return;
   const int64_t EP = round_up16(net.E);
-  full_forward<V, F>(net, sc, lat, act, T, kv != nullptr ? kv : sc.kv.data());
-  layer_norm(sc.x.data() + (T - 1) * EP, net.E, net.lnf_w.data(), net.lnf_b.data(), net.ln_eps,
-             sc.h.data());
-  heads<V, F>(net.lat_trunk, net.policy_out, net.value_out, sc, 1, EP);
-  std::copy_n(sc.out1.data(), net.A, logits);
-  *value = net.value_h(bin_expectation<V, F>(sc.out2.data(), net.value_bins.data(), net.V));
+  int64_t out1 = std::max(net.latent_out.J, net.policy_out.J);
+  for (const UzLayer& ly : net.layers) out1 = std::max({out1, ly.proj.J, ly.fc2.J});
+  sc.rows = rows;
+  for (std::vector<float>* v : {&sc.x, &sc.a, &sc.att, &sc.h}) v->resize(rows * EP, 0.0f);
+  sc.qkv.resize(rows * net.layers[0].qkv.J);
+  sc.hid.resize(rows * net.layers[0].fc1.J);
+  sc.trunk.resize(rows * std::max(net.act_trunk.J, net.lat_trunk.J));
+  sc.out1.resize(rows * out1);
+  sc.out2.resize(std::max(rows * std::max(net.reward_out.J, net.value_out.J), net.MT));
 }
 
-void uz_root_baseline(const UzNet& net, UzScratch& sc, const float* lat, const int64_t* act,
-                      int64_t T, float* kv, float* logits, float* value) {
-  uz_root_impl<v4f, false>(net, sc, lat, act, T, kv, logits, value);
+// The roots of B contexts (context b: latents lat + b * ls, actions act + b *
+// as, its first length[b] tokens), a group of them per pass of the blocks:
+// their token rows side by side (each row's slot table points at its own
+// root's K/V), so every linear layer runs over all of the group's rows. A
+// row's arithmetic does not depend on the other rows of its pass, so each
+// root gets exactly what a pass of its own gives.
+template <class V, bool F>
+MZ_INLINE void uz_roots_impl(const UzNet& net, UzScratch& sc, int64_t B, const float* lat,
+                             int64_t ls, const int64_t* act, int64_t as, const int64_t* length,
+                             float* kv, float* logits, float* value) {
+  const int64_t EP = round_up16(net.E), SF = net.slot_floats(), MT = net.MT;
+  static thread_local std::vector<int64_t> slot, last;
+  static thread_local std::vector<float*> kv_out;
+  static thread_local std::vector<const float* const*> table;
+  static thread_local std::vector<const float*> slots;  // MT slot pointers per root of a group
+  static thread_local std::vector<float> own_kv;       // the group's K/V when the caller keeps none
+  for (int64_t b0 = 0; b0 < B;) {
+    int64_t b1 = b0, m = 0;  // the group: at least one root, at most kRootRows rows otherwise
+    while (b1 < B && (b1 == b0 || m + length[b1] <= kRootRows)) m += length[b1++];
+    const int64_t G = b1 - b0;
+    grow_scratch(net, sc, std::max(m, G));
+    slot.resize(m);
+    kv_out.resize(m);
+    table.resize(m);
+    last.resize(G);
+    slots.assign(G * MT, nullptr);
+    if (kv == nullptr) own_kv.resize(G * MT * SF);
+    for (int64_t g = 0, r = 0; g < G; ++g) {
+      const int64_t b = b0 + g;
+      float* base = kv != nullptr ? kv + b * MT * SF : own_kv.data() + g * MT * SF;
+      for (int64_t t = 0; t < length[b]; ++t, ++r) {
+        context_token(net, lat + b * ls, act + b * as, t, sc.x.data() + r * EP);
+        slot[r] = t;
+        kv_out[r] = base + t * SF;
+        slots[g * MT + t] = kv_out[r];
+        table[r] = slots.data() + g * MT;
+      }
+      last[g] = r - 1;
+    }
+    blocks<V, F>(net, sc, m, Pass{slot.data(), kv_out.data(), table.data()});
+    for (int64_t g = 0; g < G; ++g)
+      layer_norm(sc.x.data() + last[g] * EP, net.E, net.lnf_w.data(), net.lnf_b.data(),
+                 net.ln_eps, sc.h.data() + g * EP);
+    heads<V, F>(net.lat_trunk, net.policy_out, net.value_out, sc, G, EP);
+    for (int64_t g = 0; g < G; ++g) {
+      std::copy_n(sc.out1.data() + g * net.policy_out.J, net.A, logits + (b0 + g) * net.A);
+      value[b0 + g] = net.value_h(bin_expectation<V, F>(sc.out2.data() + g * net.value_out.J,
+                                                        net.value_bins.data(), net.V));
+    }
+    b0 = b1;
+  }
+}
+
+void uz_roots_baseline(const UzNet& net, UzScratch& sc, int64_t B, const float* lat, int64_t ls,
+                       const int64_t* act, int64_t as, const int64_t* length, float* kv,
+                       float* logits, float* value) {
+  uz_roots_impl<v4f, false>(net, sc, B, lat, ls, act, as, length, kv, logits, value);
 }
 
 #ifdef MZ_X86_AVX2_PATH
-__attribute__((target("avx2"))) void uz_root_avx2(const UzNet& net, UzScratch& sc,
-                                                  const float* lat, const int64_t* act, int64_t T,
-                                                  float* kv, float* logits, float* value) {
-  uz_root_impl<v8f, false>(net, sc, lat, act, T, kv, logits, value);
+__attribute__((target("avx2"))) void uz_roots_avx2(const UzNet& net, UzScratch& sc, int64_t B,
+                                                   const float* lat, int64_t ls,
+                                                   const int64_t* act, int64_t as,
+                                                   const int64_t* length, float* kv,
+                                                   float* logits, float* value) {
+  uz_roots_impl<v8f, false>(net, sc, B, lat, ls, act, as, length, kv, logits, value);
 }
 #endif
 
@@ -534,13 +599,16 @@ void uz_step(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows, bool cach
   uz_step_baseline(net, sc, n, rows, cache, logits, prior);
 }
 
-void uz_root(const UzNet& net, UzScratch& sc, const float* latents, const int64_t* actions,
-             int64_t length, float* kv, float* logits, float* value, bool baseline) {
+void uz_roots(const UzNet& net, UzScratch& sc, int64_t B, const float* latents,
+              int64_t latent_stride, const int64_t* actions, int64_t action_stride,
+              const int64_t* length, float* kv, float* logits, float* value, bool baseline) {
 #ifdef MZ_X86_AVX2_PATH
   if (!baseline && cpu_has_avx2())
-    return uz_root_avx2(net, sc, latents, actions, length, kv, logits, value);
+    return uz_roots_avx2(net, sc, B, latents, latent_stride, actions, action_stride, length, kv,
+                         logits, value);
 #endif
-  uz_root_baseline(net, sc, latents, actions, length, kv, logits, value);
+  uz_roots_baseline(net, sc, B, latents, latent_stride, actions, action_stride, length, kv, logits,
+                    value);
 }
 
 }  // namespace tree_ops

@@ -119,12 +119,17 @@ void uz_step(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows,
              bool cache, float* logits, float* prior, bool baseline = false,
              bool fma = false);
 
-// The root (model.root_from_latents after the packing): a full forward over
-// the first `length` tokens of one context, K/V into kv [MT, slot] when not
-// null (slots from `length` on are left as they are), the policy logits [A]
-// and the decoded value of its last (latent) token.
-void uz_root(const UzNet& net, UzScratch& sc, const float* latents, const int64_t* actions,
-             int64_t length, float* kv, float* logits, float* value, bool baseline = false);
+// The roots (model.root_from_latents after the packing): for each of B
+// contexts (latents + b * latent_stride [MB, E], actions + b * action_stride
+// [MB]) a full forward over its first length[b] tokens, K/V into
+// kv + b * MT * slot when kv is not null (slots from length[b] on are left
+// as they are), the policy logits [A] (logits + b * A) and the decoded value
+// of its last (latent) token. Several roots share each pass through the
+// layers; every root's result is what a pass of its own gives.
+void uz_roots(const UzNet& net, UzScratch& sc, int64_t B, const float* latents,
+              int64_t latent_stride, const int64_t* actions, int64_t action_stride,
+              const int64_t* length, float* kv, float* logits, float* value,
+              bool baseline = false);
 
 }  // namespace tree_ops
 

@@ -124,11 +124,9 @@ std::vector<at::Tensor> unizero_root(const std::vector<at::Tensor>& weights,
   auto logits = at::empty({B, net.A}, latents.options()), value = at::empty({B}, latents.options());
   pybind11::gil_scoped_release no_gil;
   UzScratch& sc = thread_uz_scratch(net);
-  const int64_t MB = net.MB, E = net.E, MT = net.MT, SF = net.slot_floats();
-  for (int64_t b = 0; b < B; ++b)
-    uz_root(net, sc, st.latents + b * MB * E, st.actions + b * MB, st.length[b],
-            st.kv != nullptr ? st.kv + b * MT * SF : nullptr,
-            logits.data_ptr<float>() + b * net.A, value.data_ptr<float>() + b, baseline);
+  const int64_t MB = net.MB, E = net.E;
+  uz_roots(net, sc, B, st.latents, MB * E, st.actions, MB, st.length, st.kv,
+           logits.data_ptr<float>(), value.data_ptr<float>(), baseline);
   return {logits, value};
 }
 
@@ -149,7 +147,7 @@ std::vector<at::Tensor> unizero_root_window(const std::vector<at::Tensor>& weigh
   TORCH_CHECK(K1 >= 1 && window.size(2) == net.E && K1 <= net.MB && history.dim() == 2 &&
                   history.size(0) == B && history.size(1) == K && act_in.device().is_cpu(),
               "unizero_root_window: expected a window [B, K + 1, E] and actions [B, K]");
-  const int64_t MB = net.MB, E = net.E, MT = net.MT, SF = net.slot_floats(), T = 2 * K + 1;
+  const int64_t MB = net.MB, E = net.E, MT = net.MT, T = 2 * K + 1;
   check_length(net, T, "a root");
   const auto f32 = window.options();
   auto latents = at::zeros({B, MB, E}, f32), actions = at::full({B, MB}, -1, act_in.options());
@@ -165,10 +163,10 @@ std::vector<at::Tensor> unizero_root_window(const std::vector<at::Tensor>& weigh
   {
     pybind11::gil_scoped_release no_gil;
     UzScratch& sc = thread_uz_scratch(net);
-    for (int64_t b = 0; b < B; ++b)
-      uz_root(net, sc, lat + b * MB * E, act + b * MB, T,
-              cache ? kv.data_ptr<float>() + b * MT * SF : nullptr,
-              logits.data_ptr<float>() + b * net.A, value.data_ptr<float>() + b, false);
+    const std::vector<int64_t> lengths(static_cast<size_t>(B), T);
+    uz_roots(net, sc, B, lat, MB * E, act, MB, lengths.data(),
+             cache ? kv.data_ptr<float>() : nullptr, logits.data_ptr<float>(),
+             value.data_ptr<float>(), false);
   }
   return {latents, actions, length, kv, logits, value};
 }

@@ -69,6 +69,16 @@ class ActingMemory(nn.Module):
         """The search root for ``observation [B, *obs]`` given each env's ``memory [B]``."""
         raise NotImplementedError
 
+    def root_value(self, model, observation: torch.Tensor, memory: TensorDictBase) -> torch.Tensor:
+        """The value ``[B]`` of :meth:`root`'s root.
+
+        A hook for the learner's value bootstrap (``data.reanalyze.bootstrap_values``),
+        which reads only this value: a memory whose root is costly to build
+        in full overrides it (:class:`~torchrl_muzero.mcts.history_memory.HistoryWindowMemory`
+        skips the root's K/V cache). It must return what ``root(...).value`` does.
+        """
+        return self.root(model, observation, memory).value
+
     def advance(self, model, root: ModelStep, action: torch.Tensor, memory: TensorDictBase) -> TensorDictBase:
         """The memory of the next step, after ``action [B]`` was taken from ``root``."""
         raise NotImplementedError

@@ -105,7 +105,8 @@ class HistoryWindowMemory(ActingMemory):
             history_count=Unbounded(shape=(), dtype=torch.int64),
         )
 
-    def root(self, model, observation: torch.Tensor, memory: TensorDictBase) -> ModelStep:
+    def _window(self, model, observation: torch.Tensor, memory: TensorDictBase):
+        """``(window [B, L + 1, *obs], actions [B, L], valid [B, L + 1], count [B])`` of the root."""
         L = self.context_length
         past = memory["history_observation"].to(observation.dtype)
         window = torch.cat([past, observation[:, None]], 1)  # [B, L + 1, *obs], now last
@@ -113,10 +114,24 @@ class HistoryWindowMemory(ActingMemory):
         steps = torch.arange(L + 1, device=count.device)
         valid = steps[None] >= (L - count)[:, None]  # the last count steps and now
         actions = memory["history_action"].long().clamp(0, model.num_actions - 1)  # zeros where not valid
+        return window, actions, valid, count
+
+    def root(self, model, observation: torch.Tensor, memory: TensorDictBase) -> ModelStep:
+        L = self.context_length
+        window, actions, valid, count = self._window(model, observation, memory)
         root = model.search_root(window, actions, valid)
         return _WindowRoot(root.state, root.reward, root.policy_logits, root.value, root.discount,
                            next_observations=window[:, 1:].to(self.observation_dtype),
                            next_actions=memory["history_action"], next_count=(count + 1).clamp(max=L))
+
+    def root_value(self, model, observation: torch.Tensor, memory: TensorDictBase) -> torch.Tensor:
+        """:meth:`root`'s value without its node state (the model's ``root_value`` where it has one:
+        UniZero then skips the window's K/V cache, which only a search reads)."""
+        value_of = getattr(model, "root_value", None)
+        if value_of is None:
+            return self.root(model, observation, memory).value
+        window, actions, valid, _ = self._window(model, observation, memory)
+        return value_of(window, actions, valid)
 
     def memory_from_steps(self, observations: torch.Tensor, actions: torch.Tensor, count: torch.Tensor) -> TensorDict:
         """The memory an env carries after ``count [M]`` real steps of its episode, rebuilt from stored steps.

@@ -224,7 +224,7 @@ def fused_root_from_leaves(
 
 
 def fused_root_window(
-    model, latents: torch.Tensor, actions: torch.Tensor
+    model, latents: torch.Tensor, actions: torch.Tensor, keep_cache: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor] | None:
     """:meth:`UniZeroModel.root_from_latents` for full windows in one C++ call, or ``None``.
 
@@ -233,6 +233,8 @@ def fused_root_window(
     the node state's leaves itself (``latents``, ``actions``, ``length``,
     ``kv`` or ``None``) and runs :func:`fused_root`'s forward: ~8 torch ops
     fewer per search. Returns those four, then ``policy_logits`` and ``value``.
+    ``keep_cache`` (default: the model's ``kv_cache``) False leaves the keys /
+    values out (``kv`` ``None``; the value and logits are the same).
     """
     kernel = _kernel("unizero_root_window")
     if kernel is None or latents.device.type != "cpu" or latents.dtype != torch.float32:
@@ -240,8 +242,9 @@ def fused_root_window(
     fused = fused_unizero_weights(model)
     if fused is None:
         return None
-    state_latents, state_actions, length, kv, logits, value = kernel(*fused, latents, actions, model.kv_cache)
-    return state_latents, state_actions, length, kv if model.kv_cache else None, logits, value
+    cache = model.kv_cache if keep_cache is None else keep_cache
+    state_latents, state_actions, length, kv, logits, value = kernel(*fused, latents, actions, cache)
+    return state_latents, state_actions, length, kv if cache else None, logits, value
 
 
 def fused_search_step(model, state: TensorDictBase, action: torch.Tensor, baseline: bool = False,

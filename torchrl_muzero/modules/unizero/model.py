@@ -333,6 +333,8 @@ class UniZeroModel(nn.Module):
         observation: torch.Tensor,
         actions: torch.Tensor | None = None,
         valid: torch.Tensor | None = None,
+        *,
+        _keep_cache: bool = True,
     ) -> ModelStep:
         """Root of a search from ``observation [B, *obs]`` alone or a window ``[B, K + 1, *obs]``.
 
@@ -357,19 +359,49 @@ class UniZeroModel(nn.Module):
                 f"search_root expects observations [B, *obs] or [B, K + 1, *obs] with obs = "
                 f"{tuple(self.observation_shape)}, got {tuple(observation.shape)}."
             )
-        return self.root_from_latents(latents, actions, valid)
+        return self.root_from_latents(latents, actions, valid, _keep_cache=_keep_cache)
+
+    @torch.no_grad()
+    def root_value(
+        self,
+        observation: torch.Tensor,
+        actions: torch.Tensor | None = None,
+        valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The value ``[B]`` :meth:`search_root` gives its root, without building the root's node state.
+
+        Why it exists: the learner's value bootstrap asks for the values of
+        hundreds of history-window roots per update and reads nothing else;
+        with ``kv_cache=True`` the node state would hold every window's
+        keys/values (~13 MB at batch 64 on CartPole), allocated, zeroed and
+        written for nothing. The forward is the same, so the value is
+        :meth:`search_root`'s bit for bit.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl_muzero.modules.unizero import UniZeroModel
+            >>> model = UniZeroModel((4,), 2, embed_dim=16, num_heads=2, context_length=2, max_blocks=5)
+            >>> window, actions = torch.randn(3, 3, 4), torch.randint(2, (3, 2))
+            >>> value = model.root_value(window, actions)
+            >>> torch.equal(value, model.search_root(window, actions).value)
+            True
+        """
+        return self.search_root(observation, actions, valid, _keep_cache=False).value
 
     @torch.no_grad()
     def root_from_latents(
-        self, latents: torch.Tensor, actions: torch.Tensor, valid: torch.Tensor | None = None
+        self, latents: torch.Tensor, actions: torch.Tensor, valid: torch.Tensor | None = None, *,
+        _keep_cache: bool = True,
     ) -> ModelStep:
         """Root from a latent window ``[B, K + 1, E]``, ``actions [B, K]`` and ``valid [B, K + 1]``.
 
         Each row's valid steps are packed to slots ``0 ..`` (so positions start
         at 0 for every row, whatever its history length), one full forward
         gives the keys/values of the window and the root's policy and value
-        at its last latent.
+        at its last latent. (``_keep_cache=False``: the state gets no keys /
+        values, for :meth:`root_value`, which returns only the value.)
         """
+        keep_cache = self.kv_cache and _keep_cache
         B, K1, E = latents.shape
         K = K1 - 1
         if E != self.embed_dim or K < 0 or actions.shape != (B, K):
@@ -394,7 +426,7 @@ class UniZeroModel(nn.Module):
             if bool(valid.all()):  # every row holds a full window: nothing to pack
                 valid = None
         if valid is None:  # the state and the root's forward in one C++ call when the kernel runs this model
-            fused = fused_root_window(self, latents, actions)
+            fused = fused_root_window(self, latents, actions, keep_cache)
             if fused is not None:
                 state_latents, state_actions, length, kv, policy_logits, value = fused
                 leaves = {"latents": state_latents, "actions": state_actions, "length": length}
@@ -423,7 +455,7 @@ class UniZeroModel(nn.Module):
                 state_actions[:, :K] = torch.where(steps[None, :K] < (n - 1)[:, None], packed_actions, -1)
             length = 2 * n - 1
         leaves = {"latents": state_latents, "actions": state_actions, "length": length}
-        kv = self.transformer.empty_cache(B) if self.kv_cache else None
+        kv = self.transformer.empty_cache(B) if keep_cache else None
         if kv is not None:
             leaves["kv"] = kv
         state = TensorDict(leaves, [B])
@@ -433,7 +465,7 @@ class UniZeroModel(nn.Module):
             policy_logits, value = fused
             return ModelStep(state, torch.zeros_like(value), policy_logits, value)
         h, kv = self._full(state_latents, state_actions, 2 * K + 1)
-        if self.kv_cache:
+        if keep_cache:
             in_use = torch.arange(2 * K + 1, device=device)[None] < length[:, None]
             state["kv"][:, : 2 * K + 1] = kv * in_use[:, :, None, None, None, None]
         rows = torch.arange(B, device=device)
