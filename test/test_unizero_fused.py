@@ -400,3 +400,20 @@ def test_root_value_is_the_roots_value_without_its_cache(kv_cache, backend, monk
         assert ("kv" in root.state.keys()) == kv_cache
         assert torch.equal(model.root_value(obs, actions, v), root.value)
         assert "kv" not in model.search_root(obs, actions, v, _keep_cache=False).state.keys()
+
+
+def test_roots_agree_bitwise_across_vector_widths():
+    # The 4-wide baseline build and the AVX2 one give the same roots (grouped passes included).
+    model = _model(True)
+    obs, actions, valid = _windows(model, 40)
+    state = model.search_root(obs, actions, valid).state
+    tensors, ints, floats = fused_unizero_weights(model)
+    out = {}
+    for baseline in (True, False):
+        kv = torch.zeros_like(state["kv"])
+        logits, value = _ops.unizero_root(tensors, ints, floats, state["latents"], state["actions"], state["length"],
+                                          kv, baseline)
+        out[baseline] = (logits, value, kv)
+    for a, b in zip(out[True], out[False]):
+        assert torch.equal(a, b)
+    assert torch.equal(out[False][2], state["kv"])  # and the search root's own K/V
