@@ -11,7 +11,7 @@ evaluation of 8 games, reported as mean score and max tile, per seed and over
 the seeds. The table goes into docs/variants.md between
 ``<!-- game2048:begin -->`` and ``<!-- game2048:end -->``.
 
-Run: [GAME2048_SEEDS=0,1,2] python -m pytest benchmarks/test_game2048_bench.py --benchmark-only -s
+Run: [GAME2048_SEEDS=0,1,2] [GAME2048_OVERRIDES="train.replay_ratio=0.5"] python -m pytest benchmarks/test_game2048_bench.py --benchmark-only -s
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ DOC = ROOT / "docs" / "variants.md"
 ENV_STEPS = int(os.environ.get("GAME2048_ENV_STEPS", 20_000))
 ALGOS = {"muzero": [], "stochastic_muzero": ["algo.chance_space_size=32"]}
 SEEDS = [int(s) for s in os.environ.get("GAME2048_SEEDS", "0").split(",")]
+OVERRIDES = os.environ.get("GAME2048_OVERRIDES", "").split()  # e.g. "train.replay_ratio=0.5", for every run
 RESULTS: dict = {}
 # One run is 3-10 minutes at 20,000 env steps on 2 cores (more under load or with a longer budget):
 # pytest.ini's 600 s per test would kill it.
@@ -82,7 +83,7 @@ def _random_player(env, seed: int = 0):
 def _run(tmp_path: Path, algo: str, seed: int) -> dict:
     run_dir = tmp_path / f"{algo}_{seed}"
     cfg = compose_config(CONFIG_DIR, [
-        "env=Game2048", f"algo={algo}", *ALGOS[algo], f"seed={seed}", f"run_dir={run_dir}",
+        "env=Game2048", f"algo={algo}", *ALGOS[algo], *OVERRIDES, f"seed={seed}", f"run_dir={run_dir}",
         f"train.total_env_steps={ENV_STEPS}", "train.max_wall_time_s=0", "eval.interval=100000",
         "logger.progress_bar=false",
     ])
@@ -99,7 +100,8 @@ def _run(tmp_path: Path, algo: str, seed: int) -> dict:
 
 def render() -> str:
     seeds = sorted({seed for algo, seed in RESULTS if algo in ALGOS})
-    lines = [f"2048 (`env=Game2048`), sync pipeline, {ENV_STEPS:,} env steps per run, seed"
+    extra = f" with `{' '.join(OVERRIDES)}`" if OVERRIDES else ""
+    lines = [f"2048 (`env=Game2048`{extra}), sync pipeline, {ENV_STEPS:,} env steps per run, seed"
              f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; greedy evaluation of 8 games after "
              "training (the same seeded spawns for every run):", "",
              "| algorithm | seed | mean score | max tile (best / median) | wall s | load at the end |",
