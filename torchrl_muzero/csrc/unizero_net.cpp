@@ -321,14 +321,14 @@ MZ_INLINE void uz_step_impl(const UzNet& net, UzScratch& sc, int64_t n, UzRows& 
 // in L2.
 constexpr int64_t kRootRows = 128;
 
-// Grow sc (after thread_uz_scratch) to hold `rows` token rows.
-void grow_scratch(const UzNet& net, UzScratch& sc, int64_t rows) {
-  if (rows <= sc.rows) return;
+// sc's activation buffers for `rows` token rows (the residual stream and
+// norm buffers zeroed), as every pass of the blocks and heads reads them.
+void size_rows(const UzNet& net, UzScratch& sc, int64_t rows) {
   const int64_t EP = round_up16(net.E);
   int64_t out1 = std::max(net.latent_out.J, net.policy_out.J);
   for (const UzLayer& ly : net.layers) out1 = std::max({out1, ly.proj.J, ly.fc2.J});
   sc.rows = rows;
-  for (std::vector<float>* v : {&sc.x, &sc.a, &sc.att, &sc.h}) v->resize(rows * EP, 0.0f);
+  for (std::vector<float>* v : {&sc.x, &sc.a, &sc.att, &sc.h}) v->assign(rows * EP, 0.0f);
   sc.qkv.resize(rows * net.layers[0].qkv.J);
   sc.hid.resize(rows * net.layers[0].fc1.J);
   sc.trunk.resize(rows * std::max(net.act_trunk.J, net.lat_trunk.J));
@@ -356,7 +356,7 @@ MZ_INLINE void uz_roots_impl(const UzNet& net, UzScratch& sc, int64_t B, const f
     int64_t b1 = b0, m = 0;  // the group: at least one root, at most kRootRows rows otherwise
     while (b1 < B && (b1 == b0 || m + length[b1] <= kRootRows)) m += length[b1++];
     const int64_t G = b1 - b0;
-    grow_scratch(net, sc, std::max(m, G));
+    if (std::max(m, G) > sc.rows) size_rows(net, sc, std::max(m, G));
     slot.resize(m);
     kv_out.resize(m);
     table.resize(m);
@@ -572,19 +572,7 @@ const UzNet& pack_unizero(const std::vector<at::Tensor>& weights,
 
 UzScratch& thread_uz_scratch(const UzNet& net) {
   thread_local UzScratch sc;
-  const int64_t m = std::max(kGroup, net.MT), EP = round_up16(net.E);
-  int64_t out1 = std::max(net.latent_out.J, net.policy_out.J);
-  for (const UzLayer& ly : net.layers) out1 = std::max({out1, ly.proj.J, ly.fc2.J});
-  sc.rows = m;
-  sc.x.assign(m * EP, 0.0f);
-  sc.a.assign(m * EP, 0.0f);
-  sc.att.assign(m * EP, 0.0f);
-  sc.h.assign(m * EP, 0.0f);
-  sc.qkv.resize(m * net.layers[0].qkv.J);
-  sc.hid.resize(m * net.layers[0].fc1.J);
-  sc.trunk.resize(m * std::max(net.act_trunk.J, net.lat_trunk.J));
-  sc.out1.resize(m * out1);
-  sc.out2.resize(std::max(m * std::max(net.reward_out.J, net.value_out.J), net.MT));
+  size_rows(net, sc, std::max(kGroup, net.MT));
   sc.kv.assign(net.MT * net.slot_floats(), 0.0f);
   sc.table.assign(net.MT, nullptr);
   return sc;

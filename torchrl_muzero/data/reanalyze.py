@@ -171,7 +171,7 @@ def bootstrap_values(
     dev = model_device(model, device)
     with _evaluating(model):
         if memory is not None:
-            # the root's value alone (UniZero's root_value skips the window's K/V: ~6 % of an update)
+            # the root's value alone (UniZero's root_value skips the window's K/V: ~5 % of an update)
             obs, hist = observation.to(dev), history.to(dev)
             root_value = getattr(memory, "root_value", None)  # None: a duck-typed memory without the hook
             values = root_value(model, obs, hist) if root_value is not None else memory.root(model, obs, hist).value
