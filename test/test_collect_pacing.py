@@ -92,16 +92,27 @@ def test_paced_policy_waits_until_the_learner_catches_up_or_the_driver_lets_it_g
 
 
 def test_offset_counts_a_resumed_runs_env_steps():
-    control = [0.0, 1000.0, 0.0, 0.0]  # resumed at 1000 env steps, learner at 0 updates past warm-up 1000
+    control = _CountedReads([0.0, 1000.0, 0.0, 0.0])  # resumed at 1000 env steps, learner at 0 updates past warm-up 1000
     paced, _ = _paced(control, warmup=1000)
     _step(paced)
     assert paced.waited_s == 0.0
     control[_OFFSET] = 2000.0  # the same worker with 1000 env steps more behind it: far ahead of the learner
-    flag = threading.Timer(0.2, lambda: control.__setitem__(_RELEASE, 1.0))
-    flag.start()
+    reads_before = control.reads
+
+    def release():
+        # As above: the 0.2 s count only once the step polls; a timer started before a late step
+        # could set the flag before the step began, and the step would (rightly) not wait at all.
+        deadline = time.monotonic() + 10
+        while control.reads < reads_before + 20 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.2)
+        control[_RELEASE] = 1.0
+
+    thread = threading.Thread(target=release)
+    thread.start()
     _step(paced)
-    flag.join()
-    assert paced.waited_s >= 0.15
+    thread.join()
+    assert paced.waited_s >= 0.2
 
 
 def test_collect_ahead_frames_fails_at_start_where_it_has_no_meaning(tmp_path):
