@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -462,26 +463,44 @@ print("script done", flush=True)
 """
 
 
-def _run_scheme_left_to_exit(cls: str, timeout_s: float):
+def _run_scheme_left_to_exit(cls: str, exit_within_s: float, start_within_s: float = 120.0):
+    """``(returncode or None if it did not exit, stdout)``: the script's exit is awaited for
+    ``exit_within_s`` after it printed "script done" (the imports before that take seconds, many more
+    on a loaded machine, and say nothing about the exit), then it is killed."""
     import subprocess
     import sys
 
+    proc = subprocess.Popen([sys.executable, "-c", _SCHEME_LEFT_TO_EXIT.format(cls=cls)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        done = subprocess.run([sys.executable, "-c", _SCHEME_LEFT_TO_EXIT.format(cls=cls)],
-                              capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as hung:  # its stdout is bytes even with text=True
-        return None, (hung.stdout or b"").decode()
-    return done.returncode, done.stdout
+        lines = []
+        timer = threading.Timer(start_within_s, proc.kill)  # a script that never gets to print
+        timer.start()
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if "script done" in line:
+                    break
+        finally:
+            timer.cancel()
+        try:
+            return proc.wait(timeout=exit_within_s), "".join(lines)
+        except subprocess.TimeoutExpired:
+            return None, "".join(lines)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_canary_scheme_left_to_exit_hangs_the_process():
     # plain torchrl: __del__ -> shutdown -> queue.put starts a thread while the interpreter
-    # finalizes, and the process never exits (subprocess.run kills it at the timeout)
-    rc, out = _run_scheme_left_to_exit("MultiProcessWeightSyncScheme", timeout_s=25)
+    # finalizes, and the process never exits (it is killed 8 s after its last line; the guarded
+    # scheme's script below exits within a second of it)
+    rc, out = _run_scheme_left_to_exit("MultiProcessWeightSyncScheme", exit_within_s=8)
     assert "script done" in out
     assert rc is None, "torchrl's scheme no longer hangs at exit: guard 8 (GuardedWeightSyncScheme.__del__) can go"
 
 
 def test_guarded_scheme_left_to_exit_lets_the_process_exit():
-    rc, out = _run_scheme_left_to_exit("GuardedWeightSyncScheme", timeout_s=60)
+    rc, out = _run_scheme_left_to_exit("GuardedWeightSyncScheme", exit_within_s=60)
     assert rc == 0 and "script done" in out
