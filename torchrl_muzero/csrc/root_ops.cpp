@@ -4,8 +4,8 @@
 // readout of a finished tree (mcts/search.py::visit_result).
 // ---------------------------------------------------------------------------
 // Why: at B = 1 a fused search's simulations cost ~1 ms and the Python around
-// them about as much, ~18 small torch ops for the tree, ~25 for the noise and
-// ~20 for the readout among it (~3-5 us each through Python against ~1-2 us
+// them about as much, ~18 small torch ops for the tree, ~25 for the noise (a
+// rejection loop of torch ops then; now ATen's _standard_gamma) and ~20 for the readout among it (~3-5 us each through Python against ~1-2 us
 // from here, and less of the cache evicted between searches).
 // Contract: the results are bit for bit the Python functions'. The random
 // draws and every op whose float result could depend on the implementation
@@ -26,43 +26,6 @@ namespace {
 
 using Gen = std::optional<at::Generator>;
 
-// mcts/noise.py::_sample_gamma, op for op (Marsaglia & Tsang; Gamma(a + 1) *
-// U^(1/a) for a < 1). Python's `s * t` on a tensor is t.mul(s) and `s - t`
-// is t.rsub(s): the same ATen calls with the scalar wrapped as here.
-at::Tensor sample_gamma(double alpha, at::IntArrayRef shape, const Gen& gen,
-                        const at::TensorOptions& opts) {
-  const bool boost = alpha < 1.0;
-  const double a = boost ? alpha + 1.0 : alpha;
-  const double d = a - 1.0 / 3.0;
-  const double c = 1.0 / std::pow(9.0 * d, 0.5);
-  int64_t numel = 1;
-  for (int64_t s : shape) numel *= s;
-  if (numel == 0) return at::empty(shape, opts);
-  at::Tensor out, pending;
-  while (true) {
-    at::Tensor x = at::randn(shape, gen, opts);
-    at::Tensor v = at::pow(at::add(at::mul(x, c), 1.0), 3);  // (1.0 + c * x) ** 3
-    at::Tensor u = at::rand(shape, gen, opts);
-    // 0.5 * x * x + d - d * v + d * log(v.clamp_min(1e-30)), left to right
-    at::Tensor bound = at::add(at::sub(at::add(at::mul(at::mul(x, 0.5), x), d), at::mul(v, d)),
-                               at::mul(at::log(at::clamp_min(v, 1e-30)), d));
-    at::Tensor ok = at::bitwise_and(at::gt(v, 0), at::lt(at::log(u), bound));
-    if (!out.defined()) {
-      out = at::mul(v, d);
-      pending = at::bitwise_not(ok);
-    } else {
-      out = at::where(at::bitwise_and(pending, ok), at::mul(v, d), out);
-      pending = at::bitwise_and(pending, at::bitwise_not(ok));
-    }
-    if (!pending.any().item<bool>()) break;
-  }
-  if (boost) {
-    at::Tensor u = at::rand(shape, gen, opts);
-    out = at::mul(out, at::pow(u, 1.0 / alpha));
-  }
-  return out;
-}
-
 // mcts/search.py's root noise: prior[:, 0] = (1 - f) * prior + f * Dirichlet(alpha)
 // over the legal actions (noise.py::sample_dirichlet), in place. Returns the noise.
 at::Tensor mix_dirichlet_noise(const at::Tensor& children_prior, const at::Tensor& legal,
@@ -70,7 +33,9 @@ at::Tensor mix_dirichlet_noise(const at::Tensor& children_prior, const at::Tenso
   TORCH_CHECK(children_prior.dim() == 3 && legal.dim() == 2 && legal.scalar_type() == at::kBool,
               "mix_dirichlet_noise: children_prior [B, N, A] and legal [B, A] bool expected");
   const at::TensorOptions opts = at::TensorOptions().device(legal.device());  // the default dtype
-  at::Tensor gamma = at::mul(sample_gamma(alpha, legal.sizes(), generator, opts), legal);
+  // noise.py::sample_dirichlet, op for op: the Gamma variates from ATen's _standard_gamma with the
+  // search's generator, so both paths draw the same noise.
+  at::Tensor gamma = at::mul(at::_standard_gamma(at::full(legal.sizes(), alpha, opts), generator), legal);
   at::Tensor noise = at::div(gamma, at::clamp_min(at::sum(gamma, {-1}, true), 1e-30));
   at::Tensor root = children_prior.select(1, 0);
   root.mul_(1.0 - fraction).add_(noise.mul_(fraction));
