@@ -58,6 +58,30 @@ class _CountedReads(list):
         return super().__getitem__(index)
 
 
+def _set_once_polling(control: _CountedReads, index: int, value: float, delay_s: float) -> tuple:
+    """Start a thread that sets ``control[index] = value`` ``delay_s`` after the paced step began polling.
+
+    The delay starts only once the step polls (the gate check before the wait reads 2 entries, each
+    poll 4): on a loaded machine the step may start late, and a flag set by a timer started before
+    it could be set before the step began, so the step would (rightly) not wait at all, which says
+    nothing about the accounting. Returns ``(thread, opened_at)``; ``opened_at`` gets the time the
+    flag was set.
+    """
+    reads_before, opened_at = control.reads, []
+
+    def run():
+        deadline = time.monotonic() + 10  # a policy that never waits fails its test instead of hanging here
+        while control.reads < reads_before + 20 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(delay_s)
+        opened_at.append(time.monotonic())
+        control[index] = value
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, opened_at
+
+
 @pytest.mark.parametrize("opener", [_ITER, _RELEASE, _IDLE])
 def test_paced_policy_waits_until_the_learner_catches_up_or_the_driver_lets_it_go(opener):
     control = _CountedReads([0.0, 0.0, 0.0, 0.0])
@@ -65,22 +89,7 @@ def test_paced_policy_waits_until_the_learner_catches_up_or_the_driver_lets_it_g
     _step(paced)  # frames 0..3: within 4 ahead, runs at once
     assert paced.waited_s == 0.0 and len(calls) == 1
     # frames 4..7 need 0 + 4 updates owed ... > 0 + 1: it waits for the learner (or a flag)
-    opened_at = []
-    reads_before = control.reads
-
-    def open_gate():
-        # The 0.3 s start only once the step polls (the gate check before the wait reads 2 entries,
-        # each poll 4): on a loaded machine the step may start late, and a wait that began after the
-        # timer would be shorter than it, which says nothing about the accounting.
-        deadline = time.monotonic() + 10  # a policy that never waits fails below instead of hanging here
-        while control.reads < reads_before + 20 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        time.sleep(0.3)
-        opened_at.append(time.monotonic())
-        control[opener] = 3.0 if opener == _ITER else 1.0
-
-    thread = threading.Thread(target=open_gate)
-    thread.start()
+    thread, opened_at = _set_once_polling(control, opener, 3.0 if opener == _ITER else 1.0, 0.3)
     t_before = time.monotonic()
     out = _step(paced)
     t_after = time.monotonic()
@@ -97,19 +106,7 @@ def test_offset_counts_a_resumed_runs_env_steps():
     _step(paced)
     assert paced.waited_s == 0.0
     control[_OFFSET] = 2000.0  # the same worker with 1000 env steps more behind it: far ahead of the learner
-    reads_before = control.reads
-
-    def release():
-        # As above: the 0.2 s count only once the step polls; a timer started before a late step
-        # could set the flag before the step began, and the step would (rightly) not wait at all.
-        deadline = time.monotonic() + 10
-        while control.reads < reads_before + 20 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        time.sleep(0.2)
-        control[_RELEASE] = 1.0
-
-    thread = threading.Thread(target=release)
-    thread.start()
+    thread, _ = _set_once_polling(control, _RELEASE, 1.0, 0.2)
     _step(paced)
     thread.join()
     assert paced.waited_s >= 0.2

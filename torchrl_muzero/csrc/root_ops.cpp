@@ -5,8 +5,9 @@
 // ---------------------------------------------------------------------------
 // Why: at B = 1 a fused search's simulations cost ~1 ms and the Python around
 // them about as much, ~18 small torch ops for the tree, ~25 for the noise (a
-// rejection loop of torch ops then; now ATen's _standard_gamma) and ~20 for the readout among it (~3-5 us each through Python against ~1-2 us
-// from here, and less of the cache evicted between searches).
+// rejection loop of torch ops then; now ATen's _standard_gamma) and ~20 for
+// the readout among it (~3-5 us each through Python against ~1-2 us from
+// here, and less of the cache evicted between searches).
 // Contract: the results are bit for bit the Python functions'. The random
 // draws and every op whose float result could depend on the implementation
 // (log, pow, softmax, multinomial, argmax, the noise's arithmetic) are the
