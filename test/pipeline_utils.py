@@ -197,8 +197,11 @@ def stop_script_after_checkpoint(cmd: list[str], run_dir, stop: Callable[["subpr
             proc.wait(timeout=exit_timeout_s)
         except subprocess.TimeoutExpired:
             stuck = "\n".join(_describe(p) for p in [proc.pid, *processes_with_marker(marker)])
+            # the scripts print every thread's stack on SIGUSR1 (hydra_entry.run_script): where it waits
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2.0)
             pytest.fail(f"the script did not exit within {exit_timeout_s:.0f} s of being stopped; its processes:\n"
-                        f"{stuck}\nits output ends:\n{log_path.read_text()[-4000:]}")
+                        f"{stuck}\nits output ends:\n{log_path.read_text()[-12000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()

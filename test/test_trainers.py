@@ -127,7 +127,7 @@ def test_a_stop_signal_wrapped_by_a_c_extension_still_stops_cleanly(tmp_path, mo
     # wrapped: "SystemError: <cyfunction CoreWorker.wait> returned a result with an exception set"
     # (seen in CI on test_script_on_ray_runs_and_leaves_nothing_behind[sigterm]); the run must
     # still end as the signal asks, with its final checkpoint
-    from torchrl_muzero.trainers.base import _Terminated
+    from torchrl_muzero.trainers.stop_signals import Terminated
 
     trainer = SyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 10**6}))
     step = trainer.learner.step
@@ -136,7 +136,7 @@ def test_a_stop_signal_wrapped_by_a_c_extension_still_stops_cleanly(tmp_path, mo
         out = step(*args, **kwargs)
         if trainer.learner.train_iter >= 3:
             try:
-                raise _Terminated() if stop == "sigterm" else KeyboardInterrupt()
+                raise Terminated() if stop == "sigterm" else KeyboardInterrupt()
             except BaseException as signalled:
                 raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") \
                     from signalled

@@ -36,6 +36,7 @@ from torchrl.envs import TransformedEnv
 
 from torchrl_muzero.envs import make_env
 from torchrl_muzero.trainers.base import TrainerBase, TrainingStopped
+from torchrl_muzero.trainers.bounded_call import call_within
 from torchrl_muzero.trainers.builders import actor_generator, algorithm, build_model, build_policy, temperature_at
 from torchrl_muzero.trainers.collect_pacing import PacedPolicy
 from torchrl_muzero.trainers.config import config_to_dict, load_config
@@ -59,6 +60,9 @@ _LEARNER_ITER, _TEMPERATURE = 0, 1
 # just-in-time collection (collect_pacing.py): env steps at the actors' start, and the flag that releases
 # workers waiting at the gate when the run shuts down, and the driver's "waiting for a batch, nothing to train"
 _PACE_OFFSET, _PACE_RELEASE, _PACE_IDLE = 2, 3, 4
+#: seconds past async_pipeline.shutdown_timeout_s the driver waits for one component's shutdown before it
+#: reports it stuck and goes on to the final checkpoint (torchrl bounds its collector's joins at 10 s)
+_SHUTDOWN_GRACE_S = 15.0
 
 
 class SharedControl:
@@ -340,7 +344,9 @@ class AsyncTrainer(TrainerBase):
                     break
                 # nothing to train on while it waits: the collect gate (collect_pacing.py) holds no worker back
                 self.control[_PACE_IDLE] = float(not have_budget)
-                self._take_batch(self._next_batch(iterator), budgets)
+                with self.stop_signals.interruptible():  # only waiting: a stop need not wait for a batch
+                    batch = self._next_batch(iterator)
+                self._take_batch(batch, budgets)
                 self.control[_PACE_IDLE] = 0.0
                 cold = not self.train_budget_ready()
                 if self.should_stop():
@@ -377,10 +383,11 @@ class AsyncTrainer(TrainerBase):
         for _ in range(steps):
             self.thread_steps += self.threads.update(self._busy_actor_cpus())
             self.thread_updates += 1
-            self.after_train_step(self.learner.step(before_optimizer_step=self._await_publish))
+            self.after_train_step(self.learner.step(before_optimizer_step=self._await_publish_interruptibly))
             self.control[_LEARNER_ITER] = self.learner.train_iter
             self._spend(budgets, 1.0)
             self._publish_if_due()
+            self.stop_signals.check()  # a safe point: the update, its bookkeeping and its publish are done
         self.learner_busy_s += time.monotonic() - t0
 
     def _busy_actor_cpus(self) -> int:
@@ -397,6 +404,11 @@ class AsyncTrainer(TrainerBase):
         collecting = max(0, ap.num_collector_actors - waiting)
         evaluating = self.evaluators.inflight if self.evaluators is not None else 0
         return collecting * ap.collector_num_cpus + evaluating * ap.evaluator_num_cpus
+
+    def _await_publish_interruptibly(self) -> None:
+        # the gradients are computed, the weights and the optimizer untouched: a stop may land here
+        with self.stop_signals.interruptible():
+            self._await_publish()
 
     def _await_publish(self) -> None:
         """Before the weights change: every worker runs the last published weights (the lag bound)."""
@@ -471,14 +483,16 @@ class AsyncTrainer(TrainerBase):
     def _final_eval(self) -> None:
         deadline = time.monotonic() + self.cfg.async_pipeline.shutdown_timeout_s * 4
         while self.evaluators.inflight and time.monotonic() < deadline:
-            for result in self.evaluators.poll():
-                self._record_eval(result)
-            time.sleep(self.cfg.async_pipeline.poll_interval_s)
+            self._wait_for_evaluations()
         if self._submit_eval():
             while self.evaluators.inflight and time.monotonic() < deadline:
-                for result in self.evaluators.poll():
-                    self._record_eval(result)
-                time.sleep(self.cfg.async_pipeline.poll_interval_s)
+                self._wait_for_evaluations()
+
+    def _wait_for_evaluations(self) -> None:
+        for result in self.evaluators.poll():
+            self._record_eval(result)
+        with self.stop_signals.interruptible():  # Ctrl-C during the final evaluation: stop, checkpoint
+            time.sleep(self.cfg.async_pipeline.poll_interval_s)
 
     def _counters(self) -> dict:
         counters = super()._counters()
@@ -492,16 +506,18 @@ class AsyncTrainer(TrainerBase):
         errors = []
         if getattr(self, "control", None) is not None:
             self.control[_PACE_RELEASE] = 1.0  # workers waiting at the collect gate go on, and see the close
-        # the weight-sync scheme after its collector, while the interpreter is alive (torchrl guard 8)
+        # the weight-sync scheme after its collector, while the interpreter is alive (torchrl guard 8);
+        # each within a bound (bounded_call.py): a stuck one is reported, the final checkpoint still written
+        timeout_s = self.cfg.async_pipeline.shutdown_timeout_s
         for name in ("collector", "evaluators", "scheme"):
             obj = getattr(self, name, None)
             if obj is None:
                 continue
             try:
-                if name == "evaluators":
-                    obj.shutdown(self.cfg.async_pipeline.shutdown_timeout_s)
-                else:
-                    obj.shutdown()
+                shutdown = functools.partial(obj.shutdown, timeout_s) if name == "evaluators" else obj.shutdown
+                stuck = call_within(shutdown, timeout_s + _SHUTDOWN_GRACE_S, f"the {name} shutdown")
+                if stuck:
+                    errors.append(stuck)
             except Exception as err:  # keep shutting the others down
                 errors.append(f"{name}: {err}")
             setattr(self, name, None)

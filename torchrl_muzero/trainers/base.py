@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from torchrl_muzero.trainers.config import ConfigError, TrainConfig, config_to_d
 from torchrl_muzero.trainers.config_checks import check_run_targets, run_folder_of
 from torchrl_muzero.trainers.learner import Learner, NonFiniteLossError
 from torchrl_muzero.trainers.metrics import RunMetrics
+from torchrl_muzero.trainers.stop_signals import StopSignals, Terminated
 from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
 
 __all__ = ["TrainerBase", "TrainingStopped", "EXIT_CODES"]
@@ -33,28 +32,20 @@ class TrainingStopped(RuntimeError):
     """The run ended on a fault (dead worker, NaN loss, ...): the message says which."""
 
 
-class _Terminated(BaseException):
-    """SIGTERM (a scheduler, ``kill``, ``timeout``) arrived: stop like Ctrl-C does."""
-
-
-def _raise_terminated(signum, frame):
-    raise _Terminated()
-
-
 def _stop_signal_behind(err: BaseException) -> BaseException | None:
     """The Ctrl-C / SIGTERM exception an error was raised from, if any.
 
     A signal handler runs wherever the main thread is; inside a C extension
     that polls for signals (Ray's ``ray.wait`` calls ``check_signals``) the
     handler's exception can come back wrapped, e.g. as ``SystemError: ...
-    returned a result with an exception set`` caused by our ``_Terminated``.
+    returned a result with an exception set`` caused by our :class:`Terminated`.
     That is still the user's stop, not a crash: the run must end as the
     signal asks (final checkpoint, its exit status).
     """
     seen = set()
     cause = err.__cause__ or err.__context__
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, (KeyboardInterrupt, _Terminated)):
+        if isinstance(cause, (KeyboardInterrupt, Terminated)):
             return cause
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
@@ -80,6 +71,8 @@ class TrainerBase:
         if not isinstance(cfg, TrainConfig):
             cfg = load_config(cfg)
         self.cfg = cfg
+        #: Ctrl-C / SIGTERM recorded until the loop reaches a safe point (installed by :meth:`run`)
+        self.stop_signals = StopSignals()
         # everything this run touches on the machine is checked before a folder, env or process exists
         resume_state = check_run_targets(cfg)
         # the thread count the run was started with; torchrl's envs and collectors change it
@@ -207,6 +200,8 @@ class TrainerBase:
 
     # -- stop rules -------------------------------------------------------
     def should_stop(self) -> bool:
+        """A safe point (a recorded Ctrl-C / SIGTERM is raised here), then the configured stop rules."""
+        self.stop_signals.check()
         t = self.cfg.train
         if self.env_steps >= t.total_env_steps:
             self.stop_reason = f"reached train.total_env_steps={t.total_env_steps}"
@@ -272,12 +267,27 @@ class TrainerBase:
         ``summary["exit_code"]`` the exit status the scripts end with
         (:data:`EXIT_CODES`).
         """
+        # Ctrl-C and SIGTERM end the run at its next safe point (stop_signals.py): the final checkpoint
+        # holds an untorn state and the shutdown starts from one; a signal during the shutdown or the
+        # save is recorded, not raised (a second one stops at once). Main thread only (Python's rule).
+        with self.stop_signals.installed():
+            status = self._run_loop_and_shut_down()
+            if status in ("ok", "interrupted", "terminated"):
+                self.save()
+            self.metrics.close()
+            summary = {"status": status, "exit_code": EXIT_CODES[status], "reason": self.stop_reason,
+                       **self._counters(), "run_dir": str(self.run_dir)}
+            with open(self.run_dir / "summary.json", "w") as f:
+                json.dump(summary, f, indent=2)
+        msg = f"torchrl_muzero: run stopped ({status}): {self.stop_reason}. Run folder: {self.run_dir}"
+        if status == "nan":
+            msg += f"; last good checkpoint: {self.ckpt_dir / 'last.pt'}"
+        print(msg)
+        return summary
+
+    def _run_loop_and_shut_down(self) -> str:
+        """:meth:`_loop`, then :meth:`_shutdown` whichever way it ended; returns the run's status."""
         status = "ok"
-        # SIGTERM ends the run as cleanly as Ctrl-C (final checkpoint, every process stopped);
-        # signal handlers can only be set from the main thread
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             try:
                 self._loop()
@@ -290,7 +300,7 @@ class TrainerBase:
             status = "interrupted"
             self.stop_reason = "interrupted by Ctrl-C"
             print("\ntorchrl_muzero: interrupted, writing a final checkpoint ...")
-        except _Terminated:
+        except Terminated:
             status = "terminated"
             self.stop_reason = "terminated by SIGTERM"
             print("\ntorchrl_muzero: terminated (SIGTERM), writing a final checkpoint ...")
@@ -301,23 +311,8 @@ class TrainerBase:
             status = "fault"
             self.stop_reason = str(err)
         finally:
-            try:
-                self._shutdown()
-            finally:
-                if previous is not None:
-                    signal.signal(signal.SIGTERM, previous)
-        if status in ("ok", "interrupted", "terminated"):
-            self.save()
-        self.metrics.close()
-        summary = {"status": status, "exit_code": EXIT_CODES[status], "reason": self.stop_reason,
-                   **self._counters(), "run_dir": str(self.run_dir)}
-        with open(self.run_dir / "summary.json", "w") as f:
-            json.dump(summary, f, indent=2)
-        msg = f"torchrl_muzero: run stopped ({status}): {self.stop_reason}. Run folder: {self.run_dir}"
-        if status == "nan":
-            msg += f"; last good checkpoint: {self.ckpt_dir / 'last.pt'}"
-        print(msg)
-        return summary
+            self._shutdown()
+        return status
 
 
 def _config_difference(saved: dict, current: dict, err: Exception) -> str:

@@ -17,7 +17,9 @@ A run that ends on a fault exits non-zero too
 from __future__ import annotations
 
 import difflib
+import faulthandler
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -164,6 +166,10 @@ def run_script(main: Callable[[], None]) -> None:
             preflight(Path(__file__).parent / "config")
             run_script(main)
     """
+    # `kill -USR1 <pid>` prints every thread's stack to stderr (the run goes on): how to see where a
+    # run that seems stuck is waiting, without a debugger (the tests' stop helper uses it on a hang)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     status = 1
     try:
         main()

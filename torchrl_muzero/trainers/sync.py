@@ -77,7 +77,12 @@ class SyncTrainer(TrainerBase):
                                        total_frames=-1, auto_register_policy_transforms=False)
         budget = 0.0
         next_eval = self.learner.train_iter + (0 if cfg.async_pipeline.eval_at_start else cfg.eval.interval)
-        for batch in self.collector:
+        batches = iter(self.collector)
+        while True:
+            with self.stop_signals.interruptible():  # acting only: nothing of the run's state changes yet
+                batch = next(batches, None)
+            if batch is None:  # total_frames=-1: only a collector that ends on its own
+                break
             # a ParallelEnv took threads from this process when it started its workers (lazily):
             # the search and the learner run here while the env workers wait, so take them back
             reclaim_torch_threads(self.torch_threads)
@@ -95,6 +100,7 @@ class SyncTrainer(TrainerBase):
                 while budget >= 1:
                     budget -= 1
                     self.after_train_step(self.learner.step())
+                    self.stop_signals.check()  # a safe point: between two updates
                     if self.learner.train_iter >= next_eval:
                         self._evaluate()
                         next_eval = self.learner.train_iter + cfg.eval.interval
@@ -110,10 +116,11 @@ class SyncTrainer(TrainerBase):
     def _evaluate(self) -> float:
         cfg = self.cfg
         sims = cfg.eval.num_simulations or cfg.mcts.num_simulations
-        returns, stats = evaluate_with_stats(self.learner.model, self.eval_env,
-                                             mcts_config(cfg, temperature=0.0, num_simulations=sims), cfg.env,
-                                             search_fn=algorithm(cfg).search_fn,
-                                             memory=algorithm(cfg).acting_memory(cfg))
+        with self.stop_signals.interruptible():  # playing only: nothing is written before the episodes end
+            returns, stats = evaluate_with_stats(self.learner.model, self.eval_env,
+                                                 mcts_config(cfg, temperature=0.0, num_simulations=sims), cfg.env,
+                                                 search_fn=algorithm(cfg).search_fn,
+                                                 memory=algorithm(cfg).acting_memory(cfg))
         mean = sum(returns) / len(returns)
         version = self.learner.train_iter
         self.metrics.log(self.env_steps, stats)  # board games: win / draw / loss rates per opponent
