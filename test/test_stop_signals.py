@@ -16,6 +16,14 @@ from torchrl_muzero.trainers.stop_signals import StopSignals, Terminated
 STOPS = {"ctrl-c": (signal.SIGINT, KeyboardInterrupt), "sigterm": (signal.SIGTERM, Terminated)}
 
 
+@pytest.fixture(autouse=True)
+def _sigint_as_in_a_terminal():
+    """Python's own Ctrl-C handler for each test: a shell starts background jobs with SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("stop", STOPS)
 def test_a_signal_outside_a_wait_is_raised_at_the_next_check(stop):
     signum, exc = STOPS[stop]
@@ -53,6 +61,19 @@ def test_a_second_signal_stops_at_once_and_the_handlers_are_restored():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_an_ignored_signal_stays_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        signals = StopSignals()
+        with signals.installed():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            signals.check()
+        assert signals.received is None
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_recorded_signal_is_raised_on_entering_a_wait():
@@ -149,3 +170,31 @@ def test_call_within_reports_where_a_call_is_stuck_and_reraises_errors():
     assert "waits_for_a_lock" in message  # the stuck frame is named
     with pytest.raises(ValueError, match="broken"):
         call_within(lambda: (_ for _ in ()).throw(ValueError("broken")), 5.0, "a failing shutdown")
+
+
+def test_the_sync_trainer_too_writes_its_checkpoint_past_a_stuck_close(tmp_path, monkeypatch, capsys):
+    import torchrl_muzero.trainers.sync as sync
+
+    monkeypatch.setattr(sync, "_SHUTDOWN_TIMEOUT_S", 1.0)
+    trainer = SyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 256}))
+    release = threading.Event()
+    real_run = trainer._loop
+
+    def loop_then_block_the_eval_envs_close():
+        real_run()
+        real_close = trainer.eval_env.close
+
+        def close_that_blocks(*args, **kwargs):
+            real_close(*args, **kwargs)
+            release.wait(60)
+
+        trainer.eval_env.close = close_that_blocks
+
+    monkeypatch.setattr(trainer, "_loop", loop_then_block_the_eval_envs_close)
+    try:
+        summary = trainer.run()
+    finally:
+        release.set()
+    assert summary["status"] == "ok", summary
+    assert "the eval_env shutdown did not return within 1 s" in capsys.readouterr().out
+    assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["counters"]["train_iter"] == summary["train_iter"] > 0

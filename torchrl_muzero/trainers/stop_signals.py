@@ -46,16 +46,16 @@ class StopSignals:
 
     Example:
         >>> import os, signal
-        >>> from torchrl_muzero.trainers.stop_signals import StopSignals
+        >>> from torchrl_muzero.trainers.stop_signals import StopSignals, Terminated
         >>> signals = StopSignals()
         >>> with signals.installed():
-        ...     os.kill(os.getpid(), signal.SIGINT)  # recorded: this block goes on
+        ...     os.kill(os.getpid(), signal.SIGTERM)  # as `kill` sends it: recorded, this block goes on
         ...     recorded = signals.received
         ...     try:
         ...         signals.check()  # a safe point: the stop is raised here
-        ...     except KeyboardInterrupt:
+        ...     except Terminated:
         ...         stopped_at_check = True
-        >>> recorded == signal.SIGINT and stopped_at_check
+        >>> recorded == signal.SIGTERM and stopped_at_check
         True
     """
 
@@ -67,12 +67,17 @@ class StopSignals:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["StopSignals"]:
-        """Handle SIGINT and SIGTERM inside the block (main thread only), then restore the previous handlers."""
+        """Handle SIGINT and SIGTERM inside the block (main thread only), then restore the previous handlers.
+
+        A signal the process ignores (``SIG_IGN``) is left ignored.
+        """
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
         for signum in _NAMES:
-            self._previous[signum] = signal.signal(signum, self._handle)
+            # an ignored signal stays ignored (a shell starts background jobs with SIGINT ignored)
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                self._previous[signum] = signal.signal(signum, self._handle)
         try:
             yield self
         finally:
