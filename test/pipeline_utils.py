@@ -155,12 +155,15 @@ def _describe(pid: int) -> str:
 
 
 def stop_script_after_checkpoint(cmd: list[str], run_dir, stop: Callable[["subprocess.Popen", str], None],
-                                 cwd, exit_timeout_s: float = 60.0) -> tuple[int, str, list[str]]:
+                                 cwd, exit_timeout_s: float = 60.0,
+                                 own_process_group: bool = False) -> tuple[int, str, list[str]]:
     """Start a training script, wait for its first checkpoint, call ``stop(proc, marker)``, wait for it to exit.
 
     Returns ``(exit status, everything it printed, leftovers)``: ``leftovers`` describes the processes
     of the run (the script and everything it started, found by an environment marker) still alive a
-    few seconds after the script exited, so a test can assert there are no orphans. Output goes to a
+    few seconds after the script exited, so a test can assert there are no orphans.
+    ``own_process_group=True`` starts it as the leader of a new process group (``proc.pid`` is the
+    group's id), as a terminal runs a command: ``os.killpg(proc.pid, SIGINT)`` is a terminal's Ctrl-C. Output goes to a
     file, not a pipe: a pipe's end of file waits for every process holding it, so an orphan
     would show up as a hang of the script itself and hide which process was left.
 
@@ -184,7 +187,8 @@ def stop_script_after_checkpoint(cmd: list[str], run_dir, stop: Callable[["subpr
     os.close(fd)
     log_path = Path(name)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=own_process_group)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not (run_dir / "ckpt" / "last.pt").exists():

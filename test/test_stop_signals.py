@@ -147,11 +147,15 @@ def test_a_stuck_shutdown_is_reported_and_the_final_checkpoint_still_written(tmp
                                                     "async_pipeline.num_evaluator_actors": 0,
                                                     "async_pipeline.shutdown_timeout_s": 1.0}))
     t0 = time.monotonic()
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
         summary = trainer.run()
     finally:
         stuck.set()
     assert summary["status"] == "ok", summary
+    # and the driver hears Ctrl-C as before (nothing of the workers' start-up made it deaf)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     assert time.monotonic() - t0 < 120
     out = capsys.readouterr().out
     assert "the scheme shutdown did not return within 2 s" in out and "shutdown_that_blocks" in out
@@ -198,3 +202,45 @@ def test_the_sync_trainer_too_writes_its_checkpoint_past_a_stuck_close(tmp_path,
     assert summary["status"] == "ok", summary
     assert "the eval_env shutdown did not return within 1 s" in capsys.readouterr().out
     assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["counters"]["train_iter"] == summary["train_iter"] > 0
+
+
+def test_a_worker_fault_after_a_stop_signal_ends_the_run_as_the_signal_asks(tmp_path, monkeypatch):
+    # a terminal's Ctrl-C reaches the workers too: one that stopped before the driver's next safe
+    # point shows up as "died", and the run must still end as interrupted, with its final checkpoint
+    from torchrl_muzero.trainers.evaluator import WorkerDied
+
+    trainer = SyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 10**6}))
+    real_step = trainer.learner.step
+
+    def step_then_a_dead_worker(*args, **kwargs):
+        out = real_step(*args, **kwargs)
+        if trainer.learner.train_iter == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # recorded: an update is no place to stop
+            raise WorkerDied("collector worker 0 (pid 1, exit code 0) died")
+        return out
+
+    monkeypatch.setattr(trainer.learner, "step", step_then_a_dead_worker)
+    summary = trainer.run()
+    assert (summary["status"], summary["exit_code"]) == ("interrupted", 130), summary
+    assert summary["reason"] == "interrupted by Ctrl-C (then: collector worker 0 (pid 1, exit code 0) died)"
+    assert load_checkpoint(tmp_path / "ckpt" / "last.pt")["counters"]["train_iter"] == 3
+
+
+
+def test_processes_started_inside_the_block_are_born_deaf_to_ctrl_c_and_the_driver_is_not():
+    import subprocess
+    import sys
+
+    from torchrl_muzero.trainers.stop_signals import children_deaf_to_ctrl_c
+
+    code = ("import os, signal, time\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(0.2)\n"
+            "print('still here')\n")
+    with children_deaf_to_ctrl_c():
+        worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+    out, err = worker.communicate(timeout=120)
+    assert (worker.returncode, out.strip()) == (0, "still here"), err
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the driver hears it again
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -300,7 +300,7 @@ def test_dead_worker_stops_the_run_within_10s(tmp_path, victim):
 
 
 def _spawned_workers(marker: str) -> list[int]:
-    """The script's multiprocessing children (collector workers here: no evaluator is started)."""
+    """The script's multiprocessing children: collector workers and evaluator processes."""
     out = []
     for pid in processes_with_marker(marker):
         try:
@@ -315,6 +315,9 @@ def _spawned_workers(marker: str) -> list[int]:
 # how the run is stopped -> (exit status, summary status, what the output says)
 STOPS = {
     "ctrl-c": (130, "interrupted", "interrupted"),
+    # a terminal's Ctrl-C reaches every process of the group (workers, evaluator): the driver still
+    # stops the run in order (its workers start deaf to it: stop_signals.children_deaf_to_ctrl_c)
+    "terminal-ctrl-c": (130, "interrupted", "interrupted"),
     "sigterm": (143, "terminated", "terminated (SIGTERM)"),
     "dead-worker": (1, "fault", "died"),
 }
@@ -326,17 +329,22 @@ def test_script_stops_cleanly_with_the_conventional_exit_status(tmp_path, stop):
            f"run_dir={tmp_path}", "env.num_envs=4", "model.latent_dim=16", "model.hidden_dim=16",
            "mcts.num_simulations=4", "optim.batch_size=32", "train.total_env_steps=1000000",
            "train.train_start_after_envsteps=128", "train.frames_per_batch=64", "logger.progress_bar=false",
-           "eval.num_episodes=2", "async_pipeline.num_evaluator_actors=0", "train.checkpoint_interval=10"]
+           "eval.num_episodes=2", "train.checkpoint_interval=10",
+           f"async_pipeline.num_evaluator_actors={int(stop == 'terminal-ctrl-c')}"]
 
     def do_stop(proc, marker):
         if stop == "dead-worker":
             workers = _spawned_workers(marker)
             assert workers, "no collector worker found"
             os.kill(workers[0], signal.SIGKILL)
+        elif stop == "terminal-ctrl-c":
+            assert len(_spawned_workers(marker)) >= 2  # the collector worker and the evaluator get it too
+            os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(signal.SIGINT if stop == "ctrl-c" else signal.SIGTERM)
 
-    returncode, out, leftovers = stop_script_after_checkpoint(cmd, tmp_path, do_stop, cwd=tmp_path)
+    returncode, out, leftovers = stop_script_after_checkpoint(cmd, tmp_path, do_stop, cwd=tmp_path,
+                                                              own_process_group=stop == "terminal-ctrl-c")
     code, status, text = STOPS[stop]
     assert returncode == code, out[-4000:]
     assert text in out

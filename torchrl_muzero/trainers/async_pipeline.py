@@ -43,6 +43,7 @@ from torchrl_muzero.trainers.config import config_to_dict, load_config
 from torchrl_muzero.trainers.cpu_budget import LearnerThreads, yield_to_learner
 from torchrl_muzero.trainers.evaluator import EvaluatorPool, WorkerDied
 from torchrl_muzero.trainers.ready_collector import ReadyStepCollector, steps_ready_games
+from torchrl_muzero.trainers.stop_signals import children_deaf_to_ctrl_c
 from torchrl_muzero.trainers.sync import episode_returns
 from torchrl_muzero.trainers.torchrl_guards import (
     GuardedWeightSyncScheme,
@@ -297,7 +298,20 @@ class AsyncTrainer(TrainerBase):
         # [workers, envs, T]); each worker still collects frames_per_batch frames, as with multi_async
         sync = ap.collector == "multi_sync"
         seeds = [cfg.seed + 1000 * (i + 1) for i in range(n_workers)]  # each worker's envs and search
-        self.collector = (MultiSyncCollector if sync else MultiAsyncCollector)(
+        # the workers start deaf to a terminal's Ctrl-C (it goes to the whole process group): the driver stops them
+        with children_deaf_to_ctrl_c():
+            self.collector = self._make_collector(sync, cfg_dict, seeds, control, action_spec, collector_device)
+        self.evaluators = None
+        if ap.num_evaluator_actors > 0:
+            with children_deaf_to_ctrl_c():
+                self.evaluators = EvaluatorPool(cfg_dict, self.observation_shape, self.num_actions,
+                                                ap.num_evaluator_actors, ap.max_eval_inflight)
+
+    def _make_collector(self, sync: bool, cfg_dict: dict, seeds: list[int], control: SharedControl,
+                        action_spec, collector_device: str):
+        cfg, ap = self.cfg, self.cfg.async_pipeline
+        n_workers = ap.num_collector_actors
+        return (MultiSyncCollector if sync else MultiAsyncCollector)(
             [functools.partial(_make_worker_env, cfg_dict, seed, self.observation_shape, self.num_actions)
              for seed in seeds],
             policy_factory=[functools.partial(
@@ -315,10 +329,6 @@ class AsyncTrainer(TrainerBase):
             # env.pool=async: each worker steps the games of its pool that are ready
             collector_class=ReadyStepCollector if steps_ready_games(cfg) else None,
         )
-        self.evaluators = None
-        if ap.num_evaluator_actors > 0:
-            self.evaluators = EvaluatorPool(cfg_dict, self.observation_shape, self.num_actions,
-                                            ap.num_evaluator_actors, ap.max_eval_inflight)
 
     def _batches(self):
         """What :meth:`_next_batch` draws from (local: the torchrl collector's iterator)."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -285,6 +286,15 @@ class TrainerBase:
         print(msg)
         return summary
 
+    def _stopped_by_signal(self, interrupted: bool, then: str | None = None) -> str:
+        status = "interrupted" if interrupted else "terminated"
+        self.stop_reason = "interrupted by Ctrl-C" if interrupted else "terminated by SIGTERM"
+        if then:
+            self.stop_reason += f" (then: {then})"
+        print(f"\ntorchrl_muzero: {'interrupted' if interrupted else 'terminated (SIGTERM)'}, "
+              "writing a final checkpoint ...")
+        return status
+
     def _run_loop_and_shut_down(self) -> str:
         """:meth:`_loop`, then :meth:`_shutdown` whichever way it ended; returns the run's status."""
         status = "ok"
@@ -297,19 +307,21 @@ class TrainerBase:
                     raise
                 raise stop from err
         except KeyboardInterrupt:
-            status = "interrupted"
-            self.stop_reason = "interrupted by Ctrl-C"
-            print("\ntorchrl_muzero: interrupted, writing a final checkpoint ...")
+            status = self._stopped_by_signal(interrupted=True)
         except Terminated:
-            status = "terminated"
-            self.stop_reason = "terminated by SIGTERM"
-            print("\ntorchrl_muzero: terminated (SIGTERM), writing a final checkpoint ...")
+            status = self._stopped_by_signal(interrupted=False)
         except NonFiniteLossError as err:
             status = "nan"
             self.stop_reason = str(err)
         except TrainingStopped as err:
-            status = "fault"
-            self.stop_reason = str(err)
+            if self.stop_signals.received is None:
+                status = "fault"
+                self.stop_reason = str(err)
+            else:  # the signal reached the workers too (a terminal's Ctrl-C goes to the whole process
+                # group, a scheduler's SIGTERM to the whole job) and they stopped before the driver's
+                # next safe point: the run ends as the signal asks
+                status = self._stopped_by_signal(interrupted=self.stop_signals.received == signal.SIGINT,
+                                                 then=str(err))
         finally:
             self._shutdown()
         return status

@@ -27,7 +27,7 @@ import sys
 import threading
 from typing import Iterator
 
-__all__ = ["StopSignals", "Terminated"]
+__all__ = ["StopSignals", "Terminated", "children_deaf_to_ctrl_c"]
 
 
 class Terminated(BaseException):
@@ -117,3 +117,43 @@ class StopSignals:
             yield
         finally:
             self._waiting -= 1
+
+
+@contextlib.contextmanager
+def children_deaf_to_ctrl_c() -> Iterator[None]:
+    """Start worker processes inside this block: they begin with SIGINT blocked, the driver does not lose it.
+
+    A spawned worker spends its first seconds importing torch; a terminal's
+    Ctrl-C then would print a ``KeyboardInterrupt`` traceback from deep inside
+    torch's import, and a worker that died of it later would turn the
+    driver's orderly stop into "worker died" faults. A child inherits its
+    parent thread's signal mask (through ``fork`` and ``exec``), so SIGINT is
+    blocked in the driver's main thread while it starts them: the children are
+    born deaf to it, and so are the processes they start (an env pool's). The
+    driver shuts them down; one whose driver is gone notices by itself (a
+    closed pipe, a changed parent). It is a mask and not ``SIG_IGN`` set in
+    the worker's entry point because those entry functions can run in the
+    driver's own process too (torchrl builds a fallback policy from
+    ``policy_factory`` in some configurations; a Ray actor's class can be built
+    in-process), where an ignore would swallow the user's Ctrl-C: a first
+    version did that, and the test suite's own process went deaf to SIGINT. In the driver nothing is lost: a SIGINT
+    that arrives meanwhile goes to another of its threads, or waits until the
+    block ends, and is then handled as usual. No-op off the main thread or
+    where ``pthread_sigmask`` does not exist.
+
+    Example:
+        >>> import signal
+        >>> from torchrl_muzero.trainers.stop_signals import children_deaf_to_ctrl_c
+        >>> with children_deaf_to_ctrl_c():
+        ...     blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        >>> blocked, signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        (True, False)
+    """
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
