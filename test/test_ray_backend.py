@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("ray", reason="ray is not installed (pip install torchrl_muzero[ray]): the Ray backend's tests skip")
 
@@ -106,7 +107,10 @@ def test_loopback_variables_are_set_for_a_runs_own_instance_not_for_a_cluster(mo
 @pytest.mark.parametrize("name", algorithm_names())
 def test_every_algorithm_collects_in_a_collector_actor(tmp_path, name):
     """What a Ray collector actor runs, in this process: packed learner weights loaded at the boundary, one collect."""
-    cfg = load_config(tiny_config(tmp_path, **{"algo.name": name, "train.frames_per_batch": 16}))
+    # built in this (the test's) process: it must not lower its priority or take its threads
+    cfg = load_config(tiny_config(tmp_path, **{"algo.name": name, "train.frames_per_batch": 16,
+                                               "async_pipeline.actor_niceness": 0,
+                                               "async_pipeline.collector_num_cpus": torch.get_num_threads()}))
     learner_model = build_model(cfg, (4,), 2)
     actor = CollectorActor(config_to_dict(cfg), 0, 1, (4,), 2, action_spec_of(cfg))
     try:

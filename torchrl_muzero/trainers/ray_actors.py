@@ -92,10 +92,14 @@ class CollectorActor:
     Ray it is a plain object (what the doctest shows).
 
     Examples:
+        >>> import torch
         >>> from torchrl_muzero.trainers.config import config_to_dict, load_config
         >>> from torchrl_muzero.trainers.async_pipeline import action_spec_of
+        >>> # built in this process, not a Ray worker: keep this process's priority and thread count
+        >>> # (an actor lowers its own priority by async_pipeline.actor_niceness and takes collector_num_cpus)
         >>> cfg = load_config({"env": {"num_envs": 2}, "train": {"frames_per_batch": 8},
-        ...                    "model": {"latent_dim": 8, "hidden_dim": 8}, "mcts": {"num_simulations": 2}})
+        ...                    "model": {"latent_dim": 8, "hidden_dim": 8}, "mcts": {"num_simulations": 2},
+        ...                    "async_pipeline": {"actor_niceness": 0, "collector_num_cpus": torch.get_num_threads()}})
         >>> actor = CollectorActor(config_to_dict(cfg), 0, 1, (4,), 2, action_spec_of(cfg))
         >>> batch = actor.collect(None, 0, 1.0)
         >>> batch.batch_size, batch["policy_version"].unique().tolist()
@@ -148,9 +152,12 @@ class EvaluatorActor:
     """One evaluator: greedy episodes on the immutable snapshot it is handed (see ``evaluator.py``).
 
     Examples:
+        >>> import torch
         >>> from torchrl_muzero.trainers.config import config_to_dict, load_config
+        >>> # built in this process, not a Ray worker: keep this process's priority and thread count
         >>> cfg = load_config({"eval": {"num_episodes": 1}, "env": {"max_episode_steps": 5},
-        ...                    "model": {"latent_dim": 8, "hidden_dim": 8}, "mcts": {"num_simulations": 2}})
+        ...                    "model": {"latent_dim": 8, "hidden_dim": 8}, "mcts": {"num_simulations": 2},
+        ...                    "async_pipeline": {"actor_niceness": 0, "evaluator_num_cpus": torch.get_num_threads()}})
         >>> actor = EvaluatorActor(config_to_dict(cfg), 0, (4,), 2)
         >>> returns, stats = actor.evaluate(actor.model.state_dict())
         >>> len(returns), returns[0] <= 5
