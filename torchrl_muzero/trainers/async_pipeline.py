@@ -299,11 +299,10 @@ class AsyncTrainer(TrainerBase):
         sync = ap.collector == "multi_sync"
         seeds = [cfg.seed + 1000 * (i + 1) for i in range(n_workers)]  # each worker's envs and search
         # the workers start deaf to a terminal's Ctrl-C (it goes to the whole process group): the driver stops them
+        self.evaluators = None
         with children_deaf_to_ctrl_c():
             self.collector = self._make_collector(sync, cfg_dict, seeds, control, action_spec, collector_device)
-        self.evaluators = None
-        if ap.num_evaluator_actors > 0:
-            with children_deaf_to_ctrl_c():
+            if ap.num_evaluator_actors > 0:
                 self.evaluators = EvaluatorPool(cfg_dict, self.observation_shape, self.num_actions,
                                                 ap.num_evaluator_actors, ap.max_eval_inflight)
 

@@ -136,9 +136,10 @@ def children_deaf_to_ctrl_c() -> Iterator[None]:
     driver's own process too (torchrl builds a fallback policy from
     ``policy_factory`` in some configurations; a Ray actor's class can be built
     in-process), where an ignore would swallow the user's Ctrl-C: a first
-    version did that, and the test suite's own process went deaf to SIGINT. In the driver nothing is lost: a SIGINT
-    that arrives meanwhile goes to another of its threads, or waits until the
-    block ends, and is then handled as usual. No-op off the main thread or
+    version did that, and the test suite's own process went deaf to SIGINT.
+    In the driver nothing is lost: a SIGINT that arrives meanwhile goes to
+    another of its threads, or waits until the block ends, and is then
+    handled as usual. No-op off the main thread or
     where ``pthread_sigmask`` does not exist.
 
     Example:
