@@ -6,8 +6,8 @@ __all__ = ["BOARD_GAMES", "GAMES", "is_board_game", "check_env_id"]
 # env.kind == "board": two-player board games, by env.id (torchrl_muzero/envs/tictactoe.py)
 BOARD_GAMES = ("TicTacToe",)
 # env.kind == "game": single-player games implemented here, by env.id (torchrl_muzero/envs/game2048.py,
-# memory_len.py)
-GAMES = ("2048", "memory_len")
+# memory_len.py, gamble.py)
+GAMES = ("2048", "memory_len", "gamble")
 
 
 def is_board_game(env_cfg) -> bool:

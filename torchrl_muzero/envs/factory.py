@@ -51,6 +51,11 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
         from torchrl_muzero.envs.memory_len import make_memory_env
 
         return make_memory_env(n, memory_length=env_cfg.memory_length, seed=seed)
+    if env_cfg.kind == "game" and env_cfg.id == "gamble":  # two-step bet with a shown coin (Stochastic MuZero)
+        from torchrl_muzero.envs.gamble import make_gamble_env
+
+        return make_gamble_env(n, safe_reward=env_cfg.safe_reward, win_probability=env_cfg.win_probability,
+                               seed=seed)
     if env_cfg.kind == "game":  # 2048: batched in torch, chance outcomes drawn from its own seeded generator
         from torchrl_muzero.envs.game2048 import make_game2048_env
 

@@ -27,7 +27,7 @@ class EnvConfig:
     """Which environment, and how it is batched and preprocessed."""
 
     name: str = "CartPole"
-    kind: str = "gym"  # "gym" (vector observations), "atari", "board" (two-player: id TicTacToe), "game" (2048, memory_len)
+    kind: str = "gym"  # "gym" (vector observations), "atari", "board" (two-player: id TicTacToe), "game" (2048, memory_len, gamble)
     id: str = "CartPole-v1"
     num_envs: int = 8  # envs stepped together by one collector (B roots per search)
     # Atari: how one collector's games are batched: serial (in-process SerialEnv), parallel (ParallelEnv, one
@@ -47,6 +47,9 @@ class EnvConfig:
     random_opening_moves: int = 0
     # env.id == "memory_len" (kind == "game"): steps between the cue and the query
     memory_length: int = 10
+    # env.id == "gamble" (kind == "game"): what passing earns, and the bet's chance of a won coin
+    safe_reward: float = 0.2
+    win_probability: float = 0.5
 
 
 @dataclass

@@ -95,6 +95,8 @@ RANGES: dict[str, Range] = {
     "env.noop_max": NON_NEG,
     "env.sticky_action_prob": PROBABILITY,
     "env.memory_length": COUNT,
+    "env.safe_reward": Range(-1.0, 1.0, lo_open=True, hi_open=True),
+    "env.win_probability": Range(0.0, 1.0, lo_open=True, hi_open=True),
     "env.random_opening_moves": Range(0, 4),  # 5 plies can end a tic-tac-toe game
     # algo
     "algo.lstm_horizon_len": COUNT,
