@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 
-from torchrl.envs import EnvBase, GymEnv, RewardSum, SerialEnv, StepCounter, TransformedEnv
+from torchrl.envs import EnvBase, GymEnv, RewardSum, SerialEnv, TransformedEnv
 
 __all__ = ["make_env", "check_env_id", "env_spaces", "is_board_game", "BOARD_GAMES"]
 

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.data import Categorical, Composite, OneHot, Unbounded
+from torchrl.data import Composite, Unbounded
 from torchrl.envs import EnvBase
+
+from torchrl_muzero.envs.batched_game import BatchedGameEnv
 
 __all__ = ["GambleEnv", "make_gamble_env", "play_gamble", "OFFER", "PASSED", "WON", "LOST"]
 
@@ -47,7 +49,7 @@ OFFER, PASSED, WON, LOST = range(4)
 _REPLY_REWARDS = {WON: (1.0, -1.0), LOST: (-1.2, -1.0)}
 
 
-class GambleEnv(EnvBase):
+class GambleEnv(BatchedGameEnv):
     """``N`` copies of the two-step gamble stepped together (see the module docstring).
 
     Args:
@@ -76,8 +78,6 @@ class GambleEnv(EnvBase):
         (0.20000000298023224, True)
     """
 
-    batch_locked = True
-
     def __init__(self, num_envs: int = 1, safe_reward: float = 0.2, win_probability: float = 0.5,
                  seed: int | None = None, device: str | torch.device = "cpu") -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
@@ -87,21 +87,15 @@ class GambleEnv(EnvBase):
         if not 0.0 < float(win_probability) < 1.0:
             raise ValueError(f"win_probability must be in (0, 1), got {win_probability!r}.")
         self.safe_reward, self.win_probability = float(safe_reward), float(win_probability)
-        super().__init__(device=device, batch_size=torch.Size([num_envs]))
+        super().__init__(num_envs, num_actions=2, device=device)
         n, dev = num_envs, self.device
         self.observation_spec = Composite(
             observation=Unbounded(shape=(n, 4), dtype=torch.float32, device=dev), shape=(n,), device=dev)
-        self.action_spec = OneHot(2, shape=(n, 2), dtype=torch.int64, device=dev)
-        self.reward_spec = Unbounded(shape=(n, 1), dtype=torch.float32, device=dev)
-        flag = Categorical(2, shape=(n, 1), dtype=torch.bool, device=dev)
-        self.done_spec = Composite(done=flag.clone(), terminated=flag.clone(), truncated=flag.clone(),
-                                   shape=(n,), device=dev)
         self.state = torch.full((n,), OFFER, dtype=torch.int64)
         self.finished = torch.zeros(n, dtype=torch.bool)
         # reward[state, reply] for the reply step (the offer's row is unused: the offer pays 0)
         self.reply_rewards = torch.tensor([[0.0, 0.0], [self.safe_reward] * 2, list(_REPLY_REWARDS[WON]),
                                            list(_REPLY_REWARDS[LOST])])
-        self.rng = torch.Generator()
         self._set_seed(seed)
 
     def _observation(self) -> TensorDict:
@@ -109,26 +103,16 @@ class GambleEnv(EnvBase):
         return TensorDict({"observation": obs.to(self.device)}, batch_size=self.batch_size, device=self.device)
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
-        mask = None
-        if tensordict is not None and "_reset" in tensordict.keys():
-            mask = tensordict.get("_reset").reshape(self.batch_size).cpu()
-        if mask is None:
-            mask = torch.ones(self.batch_size, dtype=torch.bool)
+        mask = self.reset_mask(tensordict).cpu()
         self.state[mask] = OFFER
         self.finished[mask] = False
         out = self._observation()
-        flags = torch.zeros(*self.batch_size, 1, dtype=torch.bool, device=self.device)
-        out.update({"done": flags.clone(), "terminated": flags.clone(), "truncated": flags.clone()})
+        out.update(self.done_flags())
         return out
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = tensordict.get("action")
-        if action.ndim == 2 and action.shape[-1] == 2:
-            action = action.argmax(-1)
-        action = action.long().reshape(-1).cpu()
+        action = self.read_actions(tensordict)
         n = self.batch_size[0]
-        if action.shape[0] != n or bool(((action < 0) | (action > 1)).any()):
-            raise ValueError(f"expected {n} actions in {{0, 1}}, got {action.tolist()}.")
         if bool(self.finished.any()):
             raise ValueError("gamble episodes are finished: reset them before stepping.")
         at_offer = self.state == OFFER
@@ -138,25 +122,8 @@ class GambleEnv(EnvBase):
         self.finished = ~at_offer
         self.state = torch.where(at_offer, after_offer, self.state)
         out = self._observation()
-        terminated = self.finished.clone().unsqueeze(-1).to(self.device)  # a copy: resets edit self.finished
-        out.update({"reward": reward.unsqueeze(-1).to(self.device), "done": terminated.clone(),
-                    "terminated": terminated, "truncated": torch.zeros_like(terminated)})
+        out.update({"reward": reward.unsqueeze(-1).to(self.device), **self.done_flags(self.finished)})  # copies
         return out
-
-    def rand_action(self, tensordict: TensorDictBase | None = None):
-        """Uniformly random actions (one-hot), written into ``tensordict``."""
-        if tensordict is None:
-            tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
-        moves = torch.randint(2, (self.batch_size[0],), generator=self.rng)
-        tensordict.set("action", torch.nn.functional.one_hot(moves, 2).to(self.device))
-        return tensordict
-
-    def _set_seed(self, seed: int | None):
-        if seed is None:
-            self.rng.seed()
-        else:
-            self.rng.manual_seed(int(seed))
-        return seed
 
 
 def make_gamble_env(num_envs: int = 1, safe_reward: float = 0.2, win_probability: float = 0.5,

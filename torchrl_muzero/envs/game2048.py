@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.data import Binary, Bounded, Categorical, Composite, OneHot, Unbounded
+from torchrl.data import Binary, Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
+
+from torchrl_muzero.envs.batched_game import BatchedGameEnv
 
 __all__ = [
     "Game2048Env", "make_game2048_env", "slide_left", "all_moves", "legal_moves", "spawn", "encode",
@@ -168,7 +170,7 @@ def encode(board: torch.Tensor) -> torch.Tensor:
     return planes.permute(0, 3, 1, 2).reshape(board.shape[0], OBS_SIZE).float()
 
 
-class Game2048Env(EnvBase):
+class Game2048Env(BatchedGameEnv):
     """``N`` games of 2048 stepped together with vectorised torch ops.
 
     See the module docstring for the observation, reward, chance and mask
@@ -201,8 +203,6 @@ class Game2048Env(EnvBase):
         ([4.0, 4.0], [4, 4], torch.Size([2]))
     """
 
-    batch_locked = True
-
     def __init__(self, num_envs: int = 1, device: str | torch.device = "cpu", seed: int | None = None,
                  max_steps: int | None = None, reward_scale: float = 1.0, max_tile: int | None = 2 ** 16) -> None:
         if num_envs < 1:
@@ -216,7 +216,7 @@ class Game2048Env(EnvBase):
         self.max_steps = None if max_steps is None else int(max_steps)
         self.reward_scale = float(reward_scale)
         self.max_tile = None if max_tile is None else int(max_tile)
-        super().__init__(device=device, batch_size=torch.Size([num_envs]))
+        super().__init__(num_envs, num_actions=NUM_ACTIONS, device=device)
         n = num_envs
         dev = self.device
         self.observation_spec = Composite(
@@ -229,18 +229,12 @@ class Game2048Env(EnvBase):
             shape=(n,),
             device=dev,
         )
-        self.action_spec = OneHot(NUM_ACTIONS, shape=(n, NUM_ACTIONS), dtype=torch.int64, device=dev)
-        self.reward_spec = Unbounded(shape=(n, 1), dtype=torch.float32, device=dev)
-        flag = Categorical(2, shape=(n, 1), dtype=torch.bool, device=dev)
-        self.done_spec = Composite(done=flag.clone(), terminated=flag.clone(), truncated=flag.clone(),
-                                   shape=(n,), device=dev)
         self.board = torch.zeros(n, SIZE, SIZE, dtype=torch.int64, device=dev)  # exponents
         self.legal = torch.zeros(n, NUM_ACTIONS, dtype=torch.bool, device=dev)
         self.chance = torch.zeros(n, dtype=torch.int64, device=dev)
         self.score = torch.zeros(n, dtype=torch.float32, device=dev)
         self.steps = torch.zeros(n, dtype=torch.int64, device=dev)
         self.game_over = torch.zeros(n, dtype=torch.bool, device=dev)
-        self.rng = torch.Generator()
         self._set_seed(seed)
 
     # -- state ------------------------------------------------------------------
@@ -276,11 +270,7 @@ class Game2048Env(EnvBase):
 
     # -- EnvBase ----------------------------------------------------------------
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
-        mask = None
-        if tensordict is not None and "_reset" in tensordict.keys():
-            mask = tensordict.get("_reset").reshape(self.batch_size).to(self.device)
-        if mask is None:
-            mask = torch.ones(self.batch_size, dtype=torch.bool, device=self.device)
+        mask = self.reset_mask(tensordict)
         fresh = torch.where(mask.view(-1, 1, 1), 0, self.board)
         fresh, _ = spawn(fresh, self.rng, where=mask)
         fresh, chance = spawn(fresh, self.rng, where=mask)
@@ -291,8 +281,7 @@ class Game2048Env(EnvBase):
         self.legal = legal_moves(self.board)
         self.game_over = self._finished()
         out = self._observation()
-        flags = self.game_over.unsqueeze(-1)
-        out.update({"done": flags.clone(), "terminated": flags.clone(), "truncated": torch.zeros_like(flags)})
+        out.update(self.done_flags(self.game_over))
         return out
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -329,22 +318,8 @@ class Game2048Env(EnvBase):
                     "truncated": truncated.unsqueeze(-1)})
         return out
 
-    def rand_action(self, tensordict: TensorDictBase | None = None):
-        """Uniformly random *legal* moves (one-hot), written into ``tensordict``."""
-        if tensordict is None:
-            tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
-        legal = self.legal.float().cpu()
-        legal[legal.sum(-1) == 0] = 1.0  # finished boards: anything (they must be reset)
-        moves = torch.multinomial(legal, 1, generator=self.rng).squeeze(-1)
-        tensordict.set("action", torch.nn.functional.one_hot(moves, NUM_ACTIONS).to(self.device))
-        return tensordict
-
-    def _set_seed(self, seed: int | None):
-        if seed is None:
-            self.rng.seed()
-        else:
-            self.rng.manual_seed(int(seed))
-        return seed
+    def legal_actions(self) -> torch.Tensor:
+        return self.legal
 
 
 def make_game2048_env(num_envs: int = 1, seed: int | None = 0, max_steps: int | None = None,

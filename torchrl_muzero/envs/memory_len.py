@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.data import Categorical, Composite, OneHot, Unbounded
+from torchrl.data import Composite, Unbounded
 from torchrl.envs import EnvBase
+
+from torchrl_muzero.envs.batched_game import BatchedGameEnv
 
 __all__ = ["MemoryLengthEnv", "make_memory_env"]
 
 
-class MemoryLengthEnv(EnvBase):
+class MemoryLengthEnv(BatchedGameEnv):
     """``N`` copies of bsuite's ``memory_len`` stepped together (see the module docstring).
 
     Args:
@@ -58,8 +60,6 @@ class MemoryLengthEnv(EnvBase):
         ([1.0, 1.0], [True, True])
     """
 
-    batch_locked = True
-
     def __init__(self, num_envs: int = 1, memory_length: int = 10, num_bits: int = 1, num_noise: int = 2,
                  seed: int | None = None, device: str | torch.device = "cpu") -> None:
         for name, value, low in (("num_envs", num_envs, 1), ("memory_length", memory_length, 1),
@@ -67,20 +67,14 @@ class MemoryLengthEnv(EnvBase):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
         self.memory_length, self.num_bits, self.num_noise = memory_length, num_bits, num_noise
-        super().__init__(device=device, batch_size=torch.Size([num_envs]))
+        super().__init__(num_envs, num_actions=2, device=device)
         n, dev = num_envs, self.device
         self.obs_size = 2 + 2 * num_bits + num_noise
         self.observation_spec = Composite(
             observation=Unbounded(shape=(n, self.obs_size), dtype=torch.float32, device=dev), shape=(n,), device=dev)
-        self.action_spec = OneHot(2, shape=(n, 2), dtype=torch.int64, device=dev)
-        self.reward_spec = Unbounded(shape=(n, 1), dtype=torch.float32, device=dev)
-        flag = Categorical(2, shape=(n, 1), dtype=torch.bool, device=dev)
-        self.done_spec = Composite(done=flag.clone(), terminated=flag.clone(), truncated=flag.clone(),
-                                   shape=(n,), device=dev)
         self.t = torch.zeros(n, dtype=torch.int64)
         self.cue = torch.zeros(n, num_bits)
         self.query = torch.zeros(n, dtype=torch.int64)
-        self.rng = torch.Generator()
         self._set_seed(seed)
 
     def _signs(self, *shape: int) -> torch.Tensor:
@@ -101,28 +95,18 @@ class MemoryLengthEnv(EnvBase):
         return TensorDict({"observation": obs.to(self.device)}, batch_size=self.batch_size, device=self.device)
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
-        mask = None
-        if tensordict is not None and "_reset" in tensordict.keys():
-            mask = tensordict.get("_reset").reshape(self.batch_size).cpu()
-        if mask is None:
-            mask = torch.ones(self.batch_size, dtype=torch.bool)
+        mask = self.reset_mask(tensordict).cpu()
         n = int(mask.sum())
         self.t[mask] = 0
         self.cue[mask] = self._signs(n, self.num_bits)
         self.query[mask] = torch.randint(self.num_bits, (n,), generator=self.rng)
         out = self._observation()
-        flags = torch.zeros(*self.batch_size, 1, dtype=torch.bool, device=self.device)
-        out.update({"done": flags.clone(), "terminated": flags.clone(), "truncated": flags.clone()})
+        out.update(self.done_flags())
         return out
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = tensordict.get("action")
-        if action.ndim == 2 and action.shape[-1] == 2:
-            action = action.argmax(-1)
-        action = action.long().reshape(-1).cpu()
+        action = self.read_actions(tensordict)
         n = self.batch_size[0]
-        if action.shape[0] != n or bool(((action < 0) | (action > 1)).any()):
-            raise ValueError(f"expected {n} actions in {{0, 1}}, got {action.tolist()}.")
         if bool((self.t > self.memory_length).any()):
             raise ValueError("memory_len episodes are finished: reset them before stepping.")
         at_query = self.t == self.memory_length
@@ -131,25 +115,8 @@ class MemoryLengthEnv(EnvBase):
         reward = torch.where(at_query, torch.where(action == target, 1.0, -1.0), 0.0)
         self.t += 1
         out = self._observation()
-        terminated = at_query.unsqueeze(-1).to(self.device)
-        out.update({"reward": reward.unsqueeze(-1).to(self.device), "done": terminated.clone(),
-                    "terminated": terminated, "truncated": torch.zeros_like(terminated)})
+        out.update({"reward": reward.unsqueeze(-1).to(self.device), **self.done_flags(at_query)})
         return out
-
-    def rand_action(self, tensordict: TensorDictBase | None = None):
-        """Uniformly random actions (one-hot), written into ``tensordict``."""
-        if tensordict is None:
-            tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
-        moves = torch.randint(2, (self.batch_size[0],), generator=self.rng)
-        tensordict.set("action", torch.nn.functional.one_hot(moves, 2).to(self.device))
-        return tensordict
-
-    def _set_seed(self, seed: int | None):
-        if seed is None:
-            self.rng.seed()
-        else:
-            self.rng.manual_seed(int(seed))
-        return seed
 
 
 def make_memory_env(num_envs: int = 1, memory_length: int = 10, seed: int | None = 0, num_bits: int = 1,

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.data import Binary, Bounded, Categorical, Composite, OneHot, Unbounded
-from torchrl.envs import EnvBase
+from torchrl.data import Binary, Bounded, Categorical, Composite
+
+from torchrl_muzero.envs.batched_game import BatchedGameEnv
 
 __all__ = ["TicTacToeEnv", "LINES", "legal_moves", "observe", "play", "winner"]
 
@@ -84,7 +85,7 @@ def play(board: torch.Tensor, to_play: torch.Tensor, action: torch.Tensor):
     return board, won.float(), done
 
 
-class TicTacToeEnv(EnvBase):
+class TicTacToeEnv(BatchedGameEnv):
     """``N`` tic-tac-toe boards stepped together, self-play: the same agent plays both sides.
 
     See the module docstring for the observation / reward / ``to_play``
@@ -108,8 +109,6 @@ class TicTacToeEnv(EnvBase):
         ([1, 1], False)
     """
 
-    batch_locked = True
-
     def __init__(self, num_envs: int = 1, device: str | torch.device = "cpu", seed: int | None = None,
                  random_opening_moves: int = 0) -> None:
         if num_envs < 1:
@@ -117,7 +116,7 @@ class TicTacToeEnv(EnvBase):
         if not 0 <= random_opening_moves <= 4:  # 5 plies can end a game
             raise ValueError(f"random_opening_moves must be in 0..4, got {random_opening_moves}.")
         self.random_opening_moves = int(random_opening_moves)
-        super().__init__(device=device, batch_size=torch.Size([num_envs]))
+        super().__init__(num_envs, num_actions=NUM_CELLS, device=device)
         n = num_envs
         self.observation_spec = Composite(
             observation=Bounded(0.0, 1.0, shape=(n, OBS_SIZE), dtype=torch.float32, device=self.device),
@@ -126,15 +125,9 @@ class TicTacToeEnv(EnvBase):
             shape=(n,),
             device=self.device,
         )
-        self.action_spec = OneHot(NUM_CELLS, shape=(n, NUM_CELLS), dtype=torch.int64, device=self.device)
-        self.reward_spec = Unbounded(shape=(n, 1), dtype=torch.float32, device=self.device)
-        flag = Categorical(2, shape=(n, 1), dtype=torch.bool, device=self.device)
-        self.done_spec = Composite(done=flag.clone(), terminated=flag.clone(), truncated=flag.clone(),
-                                   shape=(n,), device=self.device)
         self.board = torch.zeros(n, NUM_CELLS, dtype=torch.int8, device=self.device)
         self.to_play = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.game_over = torch.zeros(n, dtype=torch.bool, device=self.device)
-        self.rng = torch.Generator()
         self._set_seed(seed)
 
     def _observation(self) -> TensorDict:
@@ -145,11 +138,7 @@ class TicTacToeEnv(EnvBase):
         )
 
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
-        mask = None
-        if tensordict is not None and "_reset" in tensordict.keys():
-            mask = tensordict.get("_reset").reshape(self.batch_size)
-        if mask is None:
-            mask = torch.ones(self.batch_size, dtype=torch.bool, device=self.device)
+        mask = self.reset_mask(tensordict)
         self.board[mask] = 0
         self.to_play[mask] = 0
         self.game_over[mask] = False
@@ -163,8 +152,7 @@ class TicTacToeEnv(EnvBase):
                     self.board[move], _, _ = play(self.board[move], self.to_play[move], cells)
                     self.to_play[move] = 1 - self.to_play[move]
         out = self._observation()
-        flags = self.game_over.unsqueeze(-1)
-        out.update({"done": flags.clone(), "terminated": flags.clone(), "truncated": torch.zeros_like(flags)})
+        out.update(self.done_flags(self.game_over))
         return out
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -182,20 +170,5 @@ class TicTacToeEnv(EnvBase):
                     "terminated": done.unsqueeze(-1).clone(), "truncated": torch.zeros_like(done).unsqueeze(-1)})
         return out
 
-    def rand_action(self, tensordict: TensorDictBase | None = None):
-        """Uniformly random *legal* moves (one-hot), written into ``tensordict``."""
-        if tensordict is None:
-            tensordict = TensorDict({}, batch_size=self.batch_size, device=self.device)
-        legal = legal_moves(self.board).float().cpu()
-        legal[legal.sum(-1) == 0] = 1.0  # finished boards: anything (they must be reset)
-        cells = torch.multinomial(legal, 1, generator=self.rng).squeeze(-1)
-        tensordict.set("action", torch.nn.functional.one_hot(cells, NUM_CELLS).to(self.device))
-        return tensordict
-
-    def _set_seed(self, seed: int | None):
-        # the rules are deterministic; the seed drives rand_action only
-        if seed is None:
-            self.rng.seed()
-        else:
-            self.rng.manual_seed(int(seed))
-        return seed
+    def legal_actions(self) -> torch.Tensor:
+        return legal_moves(self.board)
