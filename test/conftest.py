@@ -126,3 +126,48 @@ def pytest_runtest_protocol(item, nextitem):
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# -- a test leaves the test process as it found it ----------------------------------------------
+# Each xdist worker runs hundreds of tests in one process: a test that changes a process-wide setting
+# and does not put it back changes every later test on that worker (a docstring example that built
+# a collector actor in-process reniced its worker to 19, and every later test there ran at nice 19
+# against the other worker at 0; an actor entry function that set SIGINT to SIG_IGN made every later
+# Ctrl-C test on the worker hang). This fixture fails the test that does it, and puts the setting back.
+def _process_settings() -> dict:
+    import signal
+
+    return {
+        "nice value (this thread's)": os.getpriority(os.PRIO_PROCESS, 0),
+        "torch thread count": torch.get_num_threads(),
+        "SIGINT handler": signal.getsignal(signal.SIGINT),
+        "SIGTERM handler": signal.getsignal(signal.SIGTERM),
+        "blocked signals (this thread's)": signal.pthread_sigmask(signal.SIG_BLOCK, []),
+    }
+
+
+def _restore_process_settings(before: dict) -> None:
+    import signal
+
+    for setter in (lambda: os.setpriority(os.PRIO_PROCESS, 0, before["nice value (this thread's)"]),
+                   lambda: torch.set_num_threads(before["torch thread count"]),
+                   lambda: signal.signal(signal.SIGINT, before["SIGINT handler"]),
+                   lambda: signal.signal(signal.SIGTERM, before["SIGTERM handler"]),
+                   lambda: signal.pthread_sigmask(signal.SIG_SETMASK, before["blocked signals (this thread's)"])):
+        try:
+            setter()
+        except (OSError, ValueError, TypeError):  # e.g. a nice value only root may lower again
+            pass
+
+
+@pytest.fixture(autouse=True)
+def leaves_the_process_as_it_found_it():
+    before = _process_settings()
+    yield
+    after = _process_settings()
+    changed = {key: (before[key], after[key]) for key in before if after[key] != before[key]}
+    if changed:
+        _restore_process_settings(before)
+        pytest.fail("the test changed the test process's " + "; ".join(
+            f"{key} from {old!r} to {new!r}" for key, (old, new) in changed.items())
+            + " (every later test in this worker would inherit it): put it back in the test", pytrace=False)

@@ -36,7 +36,6 @@ from torchrl.envs import TransformedEnv
 
 from torchrl_muzero.envs import make_env
 from torchrl_muzero.trainers.base import TrainerBase, TrainingStopped
-from torchrl_muzero.trainers.bounded_call import call_within
 from torchrl_muzero.trainers.builders import actor_generator, algorithm, build_model, build_policy, temperature_at
 from torchrl_muzero.trainers.collect_pacing import PacedPolicy
 from torchrl_muzero.trainers.config import config_to_dict, load_config
@@ -512,30 +511,23 @@ class AsyncTrainer(TrainerBase):
         return counters
 
     def _shutdown(self) -> None:
-        errors = []
         if getattr(self, "control", None) is not None:
             self.control[_PACE_RELEASE] = 1.0  # workers waiting at the collect gate go on, and see the close
         # the weight-sync scheme after its collector, while the interpreter is alive (torchrl guard 8);
-        # each within a bound (bounded_call.py): a stuck one is reported, the final checkpoint still written
+        # each within a bound (TrainerBase._close_each): a stuck one is reported, the checkpoint still written
         timeout_s = self.cfg.async_pipeline.shutdown_timeout_s
+        closes = []
         for name in ("collector", "evaluators", "scheme"):
             obj = getattr(self, name, None)
-            if obj is None:
-                continue
-            try:
-                shutdown = functools.partial(obj.shutdown, timeout_s) if name == "evaluators" else obj.shutdown
-                stuck = call_within(shutdown, timeout_s + _SHUTDOWN_GRACE_S, f"the {name} shutdown")
-                if stuck:
-                    errors.append(stuck)
-            except Exception as err:  # keep shutting the others down
-                errors.append(f"{name}: {err}")
-            setattr(self, name, None)
+            if obj is not None:
+                closes.append((name, functools.partial(obj.shutdown, timeout_s) if name == "evaluators"
+                               else obj.shutdown))
+        self._close_each(closes, timeout_s + _SHUTDOWN_GRACE_S)
+        self.collector = self.evaluators = self.scheme = None
         if getattr(self, "control", None) is not None:
             self.control.close()
         if getattr(self, "threads", None) is not None:
             self.threads.restore()
-        if errors:
-            print("torchrl_muzero: errors while shutting down: " + "; ".join(errors))
 
     def _next_batch(self, iterator) -> TensorDictBase:
         """``next(iterator)``, with a dead collector worker turned into a clear stop."""

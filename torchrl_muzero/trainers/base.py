@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from torchrl_muzero.envs import env_spaces, make_env
+from torchrl_muzero.trainers.bounded_call import call_within
 from torchrl_muzero.trainers.builders import build_buffer, build_model, resolve_device
 from torchrl_muzero.trainers.checkpoint import (
     CheckpointError,
@@ -257,6 +258,29 @@ class TrainerBase:
 
     def _shutdown(self) -> None:
         pass
+
+    @staticmethod
+    def _close_each(closes: list, timeout_s: float) -> None:
+        """Run each ``(name, close)`` of ``closes`` in order, each within ``timeout_s`` (:func:`call_within`)
+        and whatever the others did; print one line naming what failed or got stuck.
+
+        The subclasses' :meth:`_shutdown` calls it with their components (collector, evaluators, weight
+        scheme, eval env; ``close`` ``None`` is skipped). Why: the final checkpoint is written after the
+        shutdown, so one stuck or failing close must neither hang the run nor keep the other closes or
+        the checkpoint from happening; a stuck one is reported with its thread's stack.
+        """
+        errors = []
+        for name, close in closes:
+            if close is None:
+                continue
+            try:
+                stuck = call_within(close, timeout_s, f"the {name} shutdown")
+                if stuck:
+                    errors.append(stuck)
+            except Exception as err:  # keep shutting the others down
+                errors.append(f"{name}: {err}")
+        if errors:
+            print("torchrl_muzero: errors while shutting down: " + "; ".join(errors))
 
     def run(self) -> dict:
         """Train until a stop rule fires; return a summary dict.

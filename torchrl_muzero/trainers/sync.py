@@ -9,7 +9,6 @@ from torchrl.collectors import Collector
 from torchrl_muzero.envs import make_env
 from torchrl_muzero.mcts.acting_memory import with_acting_memory
 from torchrl_muzero.trainers.base import TrainerBase
-from torchrl_muzero.trainers.bounded_call import call_within
 from torchrl_muzero.trainers.builders import algorithm, build_policy, mcts_config, temperature_at
 from torchrl_muzero.trainers.evaluation import evaluate_with_stats
 from torchrl_muzero.trainers.ready_collector import ReadyStepCollector, steps_ready_games
@@ -133,21 +132,10 @@ class SyncTrainer(TrainerBase):
         return mean
 
     def _shutdown(self) -> None:
-        # each within a bound and whatever the others did (bounded_call.py): the final checkpoint
-        # is written after this, so a stuck or failing close must not keep the run from it
-        errors = []
+        # each within a bound and whatever the others did (TrainerBase._close_each): the final
+        # checkpoint is written after this
         collector, eval_env = getattr(self, "collector", None), getattr(self, "eval_env", None)
-        closes = [("collector", collector.shutdown if collector is not None else None),
-                  ("eval_env", eval_env.close if eval_env is not None and not eval_env.is_closed else None)]
-        for name, close in closes:
-            if close is None:
-                continue
-            try:
-                stuck = call_within(close, _SHUTDOWN_TIMEOUT_S, f"the {name} shutdown")
-                if stuck:
-                    errors.append(stuck)
-            except Exception as err:
-                errors.append(f"{name}: {err}")
+        self._close_each([("collector", collector.shutdown if collector is not None else None),
+                          ("eval_env", eval_env.close if eval_env is not None and not eval_env.is_closed else None)],
+                         _SHUTDOWN_TIMEOUT_S)
         self.collector = self.eval_env = None
-        if errors:
-            print("torchrl_muzero: errors while shutting down: " + "; ".join(errors))

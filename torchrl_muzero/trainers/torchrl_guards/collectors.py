@@ -7,13 +7,13 @@ carry back to learner ``train_iter``.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Mapping
 
 import torch
 from tensordict import TensorDictBase
 from torch import nn
 
+from torchrl_muzero.trainers.bounded_call import call_within
 from torchrl_muzero.trainers.torchrl_guards.weight_sync import (
     GuardedWeightSyncScheme,
     WeightPublishError,
@@ -162,24 +162,16 @@ def publish_weights(
     version = getattr(collector, "_guards_publish_count", 0) + 1
     if version_map is not None:
         version_map.record(version, train_iter)
-    error: list[BaseException] = []
-
-    def run():
-        try:
-            collector.update_policy_weights_(snap)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller
-            error.append(err)
-
-    thread = threading.Thread(target=run, name="publish_weights", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
+    try:
+        stuck = call_within(lambda: collector.update_policy_weights_(snap), timeout_s, "update_policy_weights_")
+    except BaseException as err:  # noqa: BLE001 - the publish failed: one error type for the caller
+        collector._guards_publish_count = version
+        raise WeightPublishError(f"update_policy_weights_ failed: {err!r}") from err
     collector._guards_publish_count = version
-    if thread.is_alive():
+    if stuck:
         raise WeightPublishError(
             f"update_policy_weights_ did not return within {timeout_s:.1f}s with "
             f"{type(scheme).__name__} (torchrl does not say which worker); shut the collector down. "
-            "Use GuardedWeightSyncScheme to get per-worker errors."
+            "Use GuardedWeightSyncScheme to get per-worker errors.\n" + stuck.split("\n", 1)[-1]
         )
-    if error:
-        raise WeightPublishError(f"update_policy_weights_ failed: {error[0]!r}") from error[0]
     return version
