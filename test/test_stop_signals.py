@@ -246,3 +246,22 @@ def test_processes_started_inside_the_block_are_born_deaf_to_ctrl_c_and_the_driv
     assert (worker.returncode, out.strip()) == (0, "still here"), err
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the driver hears it again
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_sync_trainer_starts_its_env_pools_deaf_to_ctrl_c(tmp_path, monkeypatch):
+    # env.pool=parallel / async start game processes when the envs are built (a ParallelEnv's
+    # set_seed starts its workers): both of the sync trainer's envs must be built inside the block
+    import torchrl_muzero.trainers.sync as sync
+
+    real_make_env = sync.make_env
+    masks = []
+
+    def make_env_noting_the_mask(*args, **kwargs):
+        masks.append(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        return real_make_env(*args, **kwargs)
+
+    monkeypatch.setattr(sync, "make_env", make_env_noting_the_mask)
+    summary = SyncTrainer(tiny_config(tmp_path, **{"train.total_env_steps": 64})).run()
+    assert summary["status"] == "ok", summary
+    assert masks == [True, True]  # the training envs and the eval envs
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the driver hears it again

@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDict
 
 from torchrl_muzero.data.storage_rows import STEP
 

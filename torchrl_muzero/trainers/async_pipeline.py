@@ -35,7 +35,7 @@ from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
 from torchrl.envs import TransformedEnv
 
 from torchrl_muzero.envs import make_env
-from torchrl_muzero.trainers.base import TrainerBase, TrainingStopped
+from torchrl_muzero.trainers.base import TrainerBase
 from torchrl_muzero.trainers.builders import actor_generator, algorithm, build_model, build_policy, temperature_at
 from torchrl_muzero.trainers.collect_pacing import PacedPolicy
 from torchrl_muzero.trainers.config import config_to_dict, load_config

@@ -12,6 +12,7 @@ from torchrl_muzero.trainers.base import TrainerBase
 from torchrl_muzero.trainers.builders import algorithm, build_policy, mcts_config, temperature_at
 from torchrl_muzero.trainers.evaluation import evaluate_with_stats
 from torchrl_muzero.trainers.ready_collector import ReadyStepCollector, steps_ready_games
+from torchrl_muzero.trainers.stop_signals import children_deaf_to_ctrl_c
 from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
 
 #: seconds the sync trainer waits for its collector's or eval env's close (a ParallelEnv joins its workers)
@@ -66,8 +67,12 @@ class SyncTrainer(TrainerBase):
 
     def _loop(self) -> None:
         cfg = self.cfg
-        env = make_env(cfg.env, seed=cfg.seed)
-        self.eval_env = make_env(cfg.env, num_envs=cfg.eval.num_episodes, seed=cfg.seed + 10_000, training=False)
+        # env.pool=parallel / async start their game processes here (a ParallelEnv's set_seed starts
+        # its workers): they are born deaf to a terminal's Ctrl-C, as the async pipeline's workers are
+        with children_deaf_to_ctrl_c():
+            env = make_env(cfg.env, seed=cfg.seed)
+            self.eval_env = make_env(cfg.env, num_envs=cfg.eval.num_episodes, seed=cfg.seed + 10_000,
+                                     training=False)
         self.policy = build_policy(cfg, self.learner.model, env.action_spec,
                                    generator=torch.Generator(self.device).manual_seed(cfg.seed))
         # per-env acting state (muzero_context's latent, muzero_rnn_full_obs's GRU state): its primer
