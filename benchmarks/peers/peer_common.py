@@ -31,8 +31,16 @@ ONE_THREAD_ENV = {
 }
 
 
+def threads_free() -> bool:
+    """``run_peers.py --threads N`` (N > 1) sets ``TORCHRL_MUZERO_BENCH_THREADS``: nothing pinned,
+    each implementation on its own default threading."""
+    return os.environ.get("TORCHRL_MUZERO_BENCH_THREADS", "1") != "1"
+
+
 def single_thread() -> None:
     """One compute thread for numpy / torch / XLA (call before importing them)."""
+    if threads_free():
+        return
     for key, value in ONE_THREAD_ENV.items():
         os.environ.setdefault(key, value)
 
@@ -49,6 +57,8 @@ def pin_to_one_core() -> int:
     runs on the same core, one after the other. Each timed round records
     ``cpu_per_wall``, which stays ~1 when this holds.
     """
+    if threads_free():
+        return -1
     allowed = sorted(os.sched_getaffinity(0))
     core = int(os.environ.get("TORCHRL_MUZERO_BENCH_CORE", allowed[0]))
     if core not in allowed:

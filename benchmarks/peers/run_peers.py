@@ -176,8 +176,8 @@ def _our_runs(case: dict, variants: list[str]):
 
 
 def run_ours(case: dict, variants: list[str], batches: list[int], rounds: int,
-             impls: list[str] | None = None) -> list[dict]:
-    torch.set_num_threads(1)
+             impls: list[str] | None = None, threads: int = 1) -> list[dict]:
+    torch.set_num_threads(threads)  # the fused searches split their trees over these (csrc/fused_loop.h)
     model, runs = _our_runs(case, variants)
     if impls is not None:
         runs = {key: run for key, run in runs.items() if key[0].removeprefix("ours-") in impls}
@@ -206,13 +206,15 @@ def run_ours(case: dict, variants: list[str], batches: list[int], rounds: int,
 
 # -- peers --------------------------------------------------------------------
 def run_peer(name: str, case_path: Path, variants: list[str], batches: list[int], rounds: int,
-             timeout: float) -> list[dict]:
+             timeout: float, one_thread: bool = True) -> list[dict]:
     env_var, default, script, probe = PEERS[name]
     python = os.environ.get(env_var, default)
     if not Path(python).exists():
         print(f"{name}: skipped, no python at {python} (set ${env_var}; see DEVELOPERS.md)", file=sys.stderr)
         return []
-    env = {**os.environ, **pc.ONE_THREAD_ENV, "PYTHONWARNINGS": "ignore"}
+    # --threads > 1: the peer keeps its own threading (XLA's, LightZero's), as a user would run it
+    base = {k: v for k, v in os.environ.items() if one_thread or k not in pc.ONE_THREAD_ENV}
+    env = {**base, **(pc.ONE_THREAD_ENV if one_thread else {}), "PYTHONWARNINGS": "ignore"}
     ok = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     if ok.returncode != 0:
         last = (ok.stderr.strip().splitlines() or ["?"])[-1]
@@ -323,11 +325,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per peer")
     parser.add_argument("--passes", type=int, default=1,
                         help="repeat ours-then-peers this many times; adds ours / best peer per pass")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="1 (default): every implementation pinned to one core, one thread; N > 1: nothing "
+                             "pinned, ours on N torch threads, each peer with its own default threading")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     batches = [int(b) for b in args.batches.split(",")]
-    core = pc.pin_to_one_core()  # ours in this process, each peer's runner after it: the same core
+    # ours in this process, each peer's runner after it: the same core (or, with --threads N, every core)
+    if args.threads > 1:
+        os.environ["TORCHRL_MUZERO_BENCH_THREADS"] = str(args.threads)  # the peers' runners read it
+    core = pc.pin_to_one_core() if args.threads == 1 else "any"
     load = {"loadavg_start": os.getloadavg()}
     records = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -336,9 +344,11 @@ def main() -> None:
         for n in range(max(1, args.passes)):
             done = []
             if not args.no_ours:
-                done += run_ours(case, variants, batches, args.rounds, [i for i in args.ours.split(",") if i])
+                done += run_ours(case, variants, batches, args.rounds, [i for i in args.ours.split(",") if i],
+                                 threads=args.threads)
             for name in [p for p in args.peers.split(",") if p]:
-                done += run_peer(name, case_path, variants, batches, args.rounds, args.timeout)
+                done += run_peer(name, case_path, variants, batches, args.rounds, args.timeout,
+                                 one_thread=args.threads == 1)
             for r in done:
                 r["pass"] = n
             records += done

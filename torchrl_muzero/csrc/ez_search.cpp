@@ -139,36 +139,40 @@ void ez_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
                 "tree from allocate_tree");
   const int64_t L = net.L, K = net.K;
 
-  with_rules(root, interior, t, extra, [&](const auto& rr, const auto& ir) {
+  with_rules(root, interior, t, extra, [&](const auto& rr0, const auto& ir0) {
     pybind11::gil_scoped_release no_gil;
-    EzScratch& sc = thread_ez_scratch(net);
-    EzRows rows;
-    std::vector<float> prior(kGroup * A), logits(kGroup * A);
-    run_fused_simulations(
-        t, rr, ir,
-        [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
-          const int64_t from = b * N + l.node, to = b * N + n;
-          rows.action[s] = l.action;
-          rows.latent[s] = st.latent + from * L;
-          rows.h[s] = st.h + from * K;
-          rows.c[s] = st.c + from * K;
-          rows.parent_prefix[s] = st.prefix[from];
-          rows.parent_steps[s] = st.steps[from];
-          rows.next_latent[s] = st.latent + to * L;
-          rows.next_h[s] = st.h + to * K;
-          rows.next_c[s] = st.c + to * K;
-        },
-        [&](int64_t count) {
-          ez_step(net, sc, count, rows, prior.data(), logits.data(), /*baseline=*/false, fma);
-        },
-        [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
-          st.prefix[b * N + n] = rows.prefix[s];
-          st.steps[b * N + n] = rows.steps[s];
-          std::copy_n(logits.data() + s * A, A, r.lg + n * A);
-          r.rv[n] = rows.value[s];
-          expand_and_backup_in_tree(r, n, l.node, l.action, rows.reward[s],
-                                    rows.value[s], prior.data() + s * A, nullptr);
-        });
+    for_row_chunks(t.B, [&](int64_t b0, int64_t b1) {
+      auto rr = rr0;  // this chunk's own copies: the rules' scratch is mutable
+      auto ir = ir0;
+      EzScratch& sc = thread_ez_scratch(net);
+      EzRows rows;
+      std::vector<float> prior(kGroup * A), logits(kGroup * A);
+      run_fused_simulations(
+          t, b0, b1, rr, ir,
+          [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
+            const int64_t from = b * N + l.node, to = b * N + n;
+            rows.action[s] = l.action;
+            rows.latent[s] = st.latent + from * L;
+            rows.h[s] = st.h + from * K;
+            rows.c[s] = st.c + from * K;
+            rows.parent_prefix[s] = st.prefix[from];
+            rows.parent_steps[s] = st.steps[from];
+            rows.next_latent[s] = st.latent + to * L;
+            rows.next_h[s] = st.h + to * K;
+            rows.next_c[s] = st.c + to * K;
+          },
+          [&](int64_t count) {
+            ez_step(net, sc, count, rows, prior.data(), logits.data(), /*baseline=*/false, fma);
+          },
+          [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
+            st.prefix[b * N + n] = rows.prefix[s];
+            st.steps[b * N + n] = rows.steps[s];
+            std::copy_n(logits.data() + s * A, A, r.lg + n * A);
+            r.rv[n] = rows.value[s];
+            expand_and_backup_in_tree(r, n, l.node, l.action, rows.reward[s],
+                                      rows.value[s], prior.data() + s * A, nullptr);
+          });
+    });
   });
 }
 

@@ -3,6 +3,13 @@
 // network step and in what a node stores, not in how simulations proceed.
 #pragma once
 
+#include <ATen/Parallel.h>
+
+#include <exception>
+#include <thread>
+#include <utility>
+#include <vector>
+
 #include "mlp_net.h"
 #include "rules.h"
 
@@ -19,19 +26,20 @@
 
 namespace tree_ops {
 
-// Simulation n (1..N-1) creates node n of every tree. Trees go in groups of
-// kGroup rows: one leaf per tree is selected with the rule pair,
-// `gather(s, b, leaf, n)` points row s of the network's batch at the leaf's
-// stored state and at node n's storage, `step(rows)` runs the network once
-// for the group, and `finish(s, b, r, leaf, n)` writes node n's own data and
-// backs it up (expand_and_backup_in_tree). The GIL is the caller's business.
+// Simulation n (1..N-1) creates node n of every tree in rows [b0, b1). Trees
+// go in groups of kGroup rows: one leaf per tree is selected with the rule
+// pair, `gather(s, b, leaf, n)` points row s of the network's batch at the
+// leaf's stored state and at node n's storage, `step(rows)` runs the network
+// once for the group, and `finish(s, b, r, leaf, n)` writes node n's own data
+// and backs it up (expand_and_backup_in_tree). The GIL is the caller's business.
 template <class RootRule, class InteriorRule, class Gather, class Step, class Finish>
-void run_fused_simulations(const TreeArrays& t, const RootRule& rr, const InteriorRule& ir,
-                           Gather&& gather, Step&& step, Finish&& finish) {
+void run_fused_simulations(const TreeArrays& t, int64_t b0, int64_t b1, const RootRule& rr,
+                           const InteriorRule& ir, Gather&& gather, Step&& step,
+                           Finish&& finish) {
   Leaf leaf[kGroup];
   for (int64_t n = 1; n < t.N; ++n) {
-    for (int64_t g = 0; g < t.B; g += kGroup) {
-      const int64_t rows = std::min(kGroup, t.B - g);
+    for (int64_t g = b0; g < b1; g += kGroup) {
+      const int64_t rows = std::min(kGroup, b1 - g);
       for (int64_t s = 0; s < rows; ++s) {
         leaf[s] = select_in_tree(row(t, g + s), rr, ir);
         gather(s, g + s, leaf[s], n);
@@ -40,6 +48,57 @@ void run_fused_simulations(const TreeArrays& t, const RootRule& rr, const Interi
       for (int64_t s = 0; s < rows; ++s) finish(s, g + s, row(t, g + s), leaf[s], n);
     }
   }
+}
+
+// How many threads a fused search of B trees runs on: torch's intra-op
+// setting (torch.set_num_threads; the trainers set it to each process's CPU
+// budget), with at least two groups of kGroup trees per thread. Measured on
+// 2 cores (docs/performance.md): Gumbel MuZero on the canonical network went
+// 1.44x faster at B = 256 on two threads, and not at all at B = 64 (one group
+// each), so a search of fewer than 4 groups stays on the caller's thread.
+inline int64_t search_threads(int64_t B) {
+  const int64_t groups = (B + kGroup - 1) / kGroup;
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups / 2));
+}
+
+// Runs chunk(b0, b1) over contiguous ranges of whole groups of the B trees,
+// one range per thread (search_threads), the caller's thread taking the first.
+// Trees never share a node, and a tree's float operations do not depend on
+// the group it lands in (the fused searches' batch-size independence, tested),
+// so a search gives the same result bit for bit on any number of threads.
+// `chunk` must copy what it mutates (the rules' scratch: the rule objects are
+// copied per chunk by the callers) and may throw: the first error is
+// rethrown here once every thread has finished. Plain std::thread, not
+// at::parallel_for: the extension is built without OpenMP flags, and a
+// search is long (>= ~5 ms where it splits) against a thread's start (~50 us).
+template <class Chunk>
+void for_row_chunks(int64_t B, Chunk&& chunk) {
+  const int64_t T = search_threads(B);
+  if (T <= 1) {
+    chunk(int64_t{0}, B);
+    return;
+  }
+  const int64_t groups = (B + kGroup - 1) / kGroup;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(T));
+  auto range = [&](int64_t k) {  // thread k's rows: groups split as evenly as they go
+    const int64_t g0 = groups * k / T, g1 = groups * (k + 1) / T;
+    return std::make_pair(g0 * kGroup, std::min(B, g1 * kGroup));
+  };
+  auto run = [&](int64_t k) {
+    try {
+      const auto r = range(k);
+      chunk(r.first, r.second);
+    } catch (...) {
+      errors[static_cast<size_t>(k)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> workers;
+  workers.reserve(static_cast<size_t>(T - 1));
+  for (int64_t k = 1; k < T; ++k) workers.emplace_back(run, k);
+  run(0);
+  for (std::thread& w : workers) w.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace tree_ops

@@ -98,31 +98,35 @@ void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
                 "tree from allocate_tree");
   const int64_t L = net.L;
 
-  with_rules(root, interior, t, extra, [&](const auto& rr, const auto& ir) {
+  with_rules(root, interior, t, extra, [&](const auto& rr0, const auto& ir0) {
     pybind11::gil_scoped_release no_gil;
-    MlpScratch& sc = thread_scratch(net);
-    int64_t act[kGroup];
-    float reward[kGroup], value[kGroup];
-    std::vector<float> prior(kGroup * A), logits(kGroup * A);
-    const float* in[kGroup];
-    float* out[kGroup];
-    run_fused_simulations(
-        t, rr, ir,
-        [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
-          act[s] = l.action;
-          in[s] = emb_all + (b * N + l.node) * L;
-          out[s] = emb_all + (b * N + n) * L;
-        },
-        [&](int64_t rows) {
-          mlp_step(net, sc, rows, in, act, out, reward, value, prior.data(),
-                   logits.data(), /*baseline=*/false, fma);
-        },
-        [&](int64_t s, int64_t, const Row& r, const Leaf& l, int64_t n) {
-          std::copy_n(logits.data() + s * A, A, r.lg + n * A);
-          r.rv[n] = value[s];
-          expand_and_backup_in_tree(r, n, l.node, l.action, reward[s],
-                                    value[s], prior.data() + s * A, nullptr);
-        });
+    for_row_chunks(t.B, [&](int64_t b0, int64_t b1) {
+      auto rr = rr0;  // this chunk's own copies: the rules' scratch is mutable
+      auto ir = ir0;
+      MlpScratch& sc = thread_scratch(net);
+      int64_t act[kGroup];
+      float reward[kGroup], value[kGroup];
+      std::vector<float> prior(kGroup * A), logits(kGroup * A);
+      const float* in[kGroup];
+      float* out[kGroup];
+      run_fused_simulations(
+          t, b0, b1, rr, ir,
+          [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
+            act[s] = l.action;
+            in[s] = emb_all + (b * N + l.node) * L;
+            out[s] = emb_all + (b * N + n) * L;
+          },
+          [&](int64_t rows) {
+            mlp_step(net, sc, rows, in, act, out, reward, value, prior.data(),
+                     logits.data(), /*baseline=*/false, fma);
+          },
+          [&](int64_t s, int64_t, const Row& r, const Leaf& l, int64_t n) {
+            std::copy_n(logits.data() + s * A, A, r.lg + n * A);
+            r.rv[n] = value[s];
+            expand_and_backup_in_tree(r, n, l.node, l.action, reward[s],
+                                      value[s], prior.data() + s * A, nullptr);
+          });
+    });
   });
 }
 

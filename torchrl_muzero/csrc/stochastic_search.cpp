@@ -110,35 +110,39 @@ void stochastic_search(
 
   with_rules(parse_rule(root_rule, root_params, true),
              parse_rule(interior_rule, interior_params, false), t, rule_extra,
-             [&](const auto& rr, const auto& ir) {
+             [&](const auto& rr0, const auto& ir0) {
     pybind11::gil_scoped_release no_gil;
-    StochasticScratch& sc = stochastic_scratch(net);
-    int64_t act[kGroup];
-    bool parent_chance[kGroup];
-    float reward[kGroup], value[kGroup], disc[kGroup];
-    std::vector<float> logits(kGroup * S), prior(kGroup * S);
-    const float* in[kGroup];
-    float* out[kGroup];
-    run_fused_simulations(
-        t, rr, ir,
-        [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
-          act[s] = l.action;
-          parent_chance[s] = kind[b * N + l.node];
-          in[s] = lat + (b * N + l.node) * L;
-          out[s] = lat + (b * N + n) * L;
-        },
-        [&](int64_t rows) {
-          stochastic_step(net, sc, rows, in, parent_chance, act, gamma, out,
-                          reward, value, disc, logits.data(), prior.data(),
-                          /*baseline=*/false, fma);
-        },
-        [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
-          kind[b * N + n] = !parent_chance[s];
-          std::copy_n(logits.data() + s * S, S, r.lg + n * S);
-          r.rv[n] = value[s];
-          expand_and_backup_in_tree(r, n, l.node, l.action, reward[s],
-                                    value[s], prior.data() + s * S, disc + s);
-        });
+    for_row_chunks(t.B, [&](int64_t b0, int64_t b1) {
+      auto rr = rr0;  // this chunk's own copies: the rules' scratch is mutable
+      auto ir = ir0;
+      StochasticScratch& sc = stochastic_scratch(net);
+      int64_t act[kGroup];
+      bool parent_chance[kGroup];
+      float reward[kGroup], value[kGroup], disc[kGroup];
+      std::vector<float> logits(kGroup * S), prior(kGroup * S);
+      const float* in[kGroup];
+      float* out[kGroup];
+      run_fused_simulations(
+          t, b0, b1, rr, ir,
+          [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
+            act[s] = l.action;
+            parent_chance[s] = kind[b * N + l.node];
+            in[s] = lat + (b * N + l.node) * L;
+            out[s] = lat + (b * N + n) * L;
+          },
+          [&](int64_t rows) {
+            stochastic_step(net, sc, rows, in, parent_chance, act, gamma, out,
+                            reward, value, disc, logits.data(), prior.data(),
+                            /*baseline=*/false, fma);
+          },
+          [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
+            kind[b * N + n] = !parent_chance[s];
+            std::copy_n(logits.data() + s * S, S, r.lg + n * S);
+            r.rv[n] = value[s];
+            expand_and_backup_in_tree(r, n, l.node, l.action, reward[s],
+                                      value[s], prior.data() + s * S, disc + s);
+          });
+    });
   });
 }
 

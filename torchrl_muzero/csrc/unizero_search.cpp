@@ -224,7 +224,7 @@ void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
     // root and for a node whose context slid; else its parent's length).
     std::vector<int64_t> own_from(B * N, 0);
     run_fused_simulations(
-        t, rr, ir,
+        t, 0, t.B, rr, ir,  // one thread (for_row_chunks not wired here yet)
         [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
           const int64_t from = b * N + l.node, to = b * N + n;
           rows.action[s] = l.action;

@@ -1,0 +1,119 @@
+"""The fused C++ searches split their trees over torch's intra-op threads (csrc/fused_loop.h's
+for_row_chunks): the same trees, bit for bit, on any number of threads.
+
+B = 200 is seven groups of 32 trees (the last one partial): two threads take three and four
+groups, three threads two, two and three (a search splits only with two groups per thread). Every tensor of the tree is compared, not only the visit counts.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchrl_muzero.mcts import MCTSConfig, _cpp, search
+from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig, gumbel_search
+from torchrl_muzero.mcts.stochastic import stochastic_search
+from torchrl_muzero.modules import EfficientZeroMLPModel, MuZeroMLPModel, StochasticMuZeroMLPModel
+
+pytestmark = pytest.mark.skipif(_cpp.load_tree_ops() is None, reason="the C++ kernel is not built")
+B = 200
+
+
+def _obs(seed: int) -> torch.Tensor:
+    return 2 * torch.randn(B, 5, generator=torch.Generator().manual_seed(seed))
+
+
+def _heads_scaled(model, layers):
+    with torch.no_grad():  # values of a few units, as after some training: deeper, less uniform trees
+        for layer in layers:
+            layer.weight.mul_(3.0)
+    return model.eval()
+
+
+def _muzero_search(precision: str):
+    torch.manual_seed(0)
+    m = MuZeroMLPModel((5,), 6, latent_dim=32, hidden_dim=48, zero_init_heads=False)
+    model = _heads_scaled(m, (m.prediction_head, m.reward_head[-1]))
+    cfg = MCTSConfig(num_simulations=40, backend="cpp", kernel_precision=precision)
+    return lambda: search(model, _obs(1), cfg, generator=torch.Generator().manual_seed(1))
+
+
+def _gumbel_search(precision: str):
+    torch.manual_seed(1)
+    m = MuZeroMLPModel((5,), 6, latent_dim=32, hidden_dim=48, zero_init_heads=False)
+    model = _heads_scaled(m, (m.prediction_head, m.reward_head[-1]))
+    cfg = GumbelMCTSConfig(num_simulations=40, backend="cpp", kernel_precision=precision,
+                           max_num_considered_actions=4)
+    return lambda: gumbel_search(model, _obs(2), cfg, generator=torch.Generator().manual_seed(2))
+
+
+def _stochastic_search(precision: str):
+    torch.manual_seed(2)
+    m = StochasticMuZeroMLPModel((5,), 6, chance_space_size=8, latent_dim=32, hidden_dim=48,
+                                 zero_init_heads=False)
+    model = _heads_scaled(m, (m.prediction_head, m.reward_head[-1], m.chance_head))
+    cfg = MCTSConfig(num_simulations=40, backend="cpp", discount=0.997, kernel_precision=precision)
+    return lambda: stochastic_search(model, _obs(3), cfg, generator=torch.Generator().manual_seed(3))
+
+
+def _efficientzero_search(precision: str):
+    torch.manual_seed(3)
+    m = EfficientZeroMLPModel((5,), 6, latent_dim=32, hidden_dim=48, zero_init_heads=False,
+                              lstm_hidden_size=24, lstm_horizon_len=3)
+    model = _heads_scaled(m, (m.prediction_head, m.value_prefix_head[-1]))
+    cfg = MCTSConfig(num_simulations=40, backend="cpp", kernel_precision=precision)
+    return lambda: search(model, _obs(4), cfg, generator=torch.Generator().manual_seed(4))
+
+
+SEARCHES = {"muzero": _muzero_search, "gumbel_muzero": _gumbel_search,
+            "stochastic_muzero": _stochastic_search, "efficientzero": _efficientzero_search}
+
+
+def _same(a, b) -> bool:
+    """Bit for bit, for a tensor or a TensorDict of them (a node state: latents, LSTM states)."""
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    keys = sorted(a.keys(True, True), key=str)
+    return keys == sorted(b.keys(True, True), key=str) and all(torch.equal(a[k], b[k]) for k in keys)
+
+
+KERNELS = {"muzero": "mlp_search", "gumbel_muzero": "mlp_search", "stochastic_muzero": "stochastic_search",
+           "efficientzero": "ez_search"}
+
+
+def _kernel_on_threads(monkeypatch, algo: str, threads: int) -> list[int]:
+    """Only the fused kernel runs on ``threads``: torch's own root inference stays on one thread
+    (MKL's GEMM rounds differently on 3 threads than on 1: the root's value moved by an ulp)."""
+    ops = _cpp.load_tree_ops()
+    name = KERNELS[algo]
+    kernel, calls = getattr(ops, name), []
+
+    def on_threads(*args, **kwargs):
+        torch.set_num_threads(threads)
+        try:
+            calls.append(threads)
+            return kernel(*args, **kwargs)
+        finally:
+            torch.set_num_threads(1)
+
+    monkeypatch.setattr(ops, name, on_threads)
+    return calls
+
+
+@pytest.mark.parametrize("precision", ["exact", "fma"])
+@pytest.mark.parametrize("algo", SEARCHES)
+def test_a_search_gives_the_same_trees_on_any_number_of_threads(algo, precision, monkeypatch):
+    if precision == "fma" and not _cpp.fma_available():
+        pytest.skip("no FMA path on this CPU")
+    run = SEARCHES[algo](precision)
+    assert torch.get_num_threads() == 1  # test/conftest.py
+    one = run()
+    assert one.tree.visit_count[:, 0].min() > 0  # the search ran on every tree
+    for threads in (2, 3):
+        with monkeypatch.context() as patch:
+            calls = _kernel_on_threads(patch, algo, threads)
+            split = run()
+        assert calls == [threads]  # the fused kernel ran, on that many threads
+        for name, value in one.tree.tensors().items():
+            assert _same(value, getattr(split.tree, name)), (algo, threads, name)
+        assert torch.equal(one.visit_counts, split.visit_counts)
+        assert torch.equal(one.action, split.action)
