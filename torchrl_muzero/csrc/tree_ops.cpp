@@ -22,6 +22,8 @@
 //   mlp_kernels.h  the vector kernels every fused network uses (linear layer,
 //                  support decode, exp);
 //   mlp_search.cpp the fused search (reuses select_in_tree and the backup);
+//   fused_loop.h   the simulation loop every fused search shares, and
+//                  for_row_chunks: a search's trees over torch's threads;
 //   stochastic_net.*, stochastic_search.cpp
 //                  the same for Stochastic MuZero's two-kind step;
 //   ez_net.*       EfficientZero's value-prefix step (LSTM, LayerNorm);
