@@ -5,6 +5,7 @@ It is built when torch is importable at build time (``pip install
 --no-build-isolation``); otherwise, or if the compiler fails, the package
 installs without it and the search runs its plain-torch path.
 """
+import importlib.util
 import os
 import sys
 
@@ -17,24 +18,22 @@ if os.environ.get("TORCHRL_MUZERO_NO_EXT", "0") != "1":
         from torch.utils.cpp_extension import BuildExtension, CppExtension
 
         csrc = os.path.join("torchrl_muzero", "csrc")
-        # Keep in step with torchrl_muzero/mcts/_cpp.py's _SOURCES (the JIT build).
-        sources = [os.path.join(csrc, f) for f in ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp",
-                                                   "stochastic_net.cpp", "stochastic_search.cpp",
-                                                   "ez_net.cpp", "ez_search.cpp", "unizero_net.cpp",
-                                                   "unizero_search.cpp", "root_ops.cpp")]
-        headers = [os.path.join(csrc, f) for f in ("tree_common.h", "rules.h", "gumbel_rules.h", "dispatch.h",
-                                                   "mlp_net.h", "mlp_kernels.h", "stochastic_net.h", "ez_net.h",
-                                                   "gumbel_readout.h", "fused_loop.h", "unizero_net.h",
-                                                   "pack_cache.h")]
+        # The sources and flags, shared with the JIT build (torchrl_muzero/mcts/_cpp.py).
+        spec = importlib.util.spec_from_file_location(
+            "_kernel_build", os.path.join("torchrl_muzero", "mcts", "_kernel_build.py"))
+        kernel_build = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(kernel_build)
+        sources = [os.path.join(csrc, f) for f in kernel_build.SOURCES]
+        headers = [os.path.join(csrc, f) for f in kernel_build.HEADERS]
+        compile_args, link_args = kernel_build.compile_and_link_args()
         if all(os.path.exists(s) for s in sources):
             ext_modules.append(
                 CppExtension(
                     "torchrl_muzero._C",
                     sources,
                     depends=headers,
-                    # fp-contract=off: no fused multiply-adds (the kernel's float32 contract);
-                    # the sources force it with a pragma too.
-                    extra_compile_args=["-O3", "-ffp-contract=off"],
+                    extra_compile_args=compile_args,
+                    extra_link_args=link_args,
                     optional=True,
                 )
             )

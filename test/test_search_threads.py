@@ -2,14 +2,22 @@
 for_row_chunks): the same trees, bit for bit, on any number of threads.
 
 B = 200 is seven groups of 32 trees (the last one partial): two threads take three and four
-groups, three threads two, two and three (a search splits only with two groups per thread). Every tensor of the tree is compared, not only the visit counts.
+groups, three threads two, two and three (a search splits into at most one chunk per group).
+Every tensor of the tree is compared, not only the visit counts.
+
+The split itself (its chunks, the threads that run them, an error in one chunk) is tested
+through the kernel's test hook ``row_chunks_probe``; and where the kernel runs on torch's
+OpenMP team, that the process holds one OpenMP runtime, torch's (a second one would bring the
+spinning-worker contention that made two threads no faster than one: docs/performance.md).
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
-from torchrl_muzero.mcts import MCTSConfig, _cpp, search
+from torchrl_muzero.mcts import MCTSConfig, _cpp, _kernel_build, search
 from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig, gumbel_search
 from torchrl_muzero.mcts.stochastic import stochastic_search
 from torchrl_muzero.modules import EfficientZeroMLPModel, MuZeroMLPModel, StochasticMuZeroMLPModel
@@ -117,3 +125,53 @@ def test_a_search_gives_the_same_trees_on_any_number_of_threads(algo, precision,
             assert _same(value, getattr(split.tree, name)), (algo, threads, name)
         assert torch.equal(one.visit_counts, split.visit_counts)
         assert torch.equal(one.action, split.action)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("trees", [1, 32, 33, 64, 200, 256])
+def test_the_trees_split_in_whole_groups_one_chunk_per_thread(trees, threads):
+    ops = _cpp.load_tree_ops()
+    torch.set_num_threads(threads)
+    try:
+        ranges, distinct = ops.row_chunks_probe(trees)
+    finally:
+        torch.set_num_threads(1)
+    groups = -(-trees // 32)
+    assert len(ranges) == min(threads, groups)
+    assert distinct == len(ranges)  # each chunk on a thread of its own
+    assert ranges[0][0] == 0 and ranges[-1][1] == trees  # every tree once, in order
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(b0 % 32 == 0 for b0, _ in ranges)  # whole groups of 32 trees
+    sizes = [(b1 - b0 + 31) // 32 for b0, b1 in ranges]
+    assert max(sizes) - min(sizes) <= 1  # groups shared as evenly as they go
+
+
+@pytest.mark.parametrize("fail_at", [0, 150, 199])
+def test_an_error_in_one_chunk_reaches_python_once_every_chunk_is_done(fail_at):
+    ops = _cpp.load_tree_ops()
+    torch.set_num_threads(3)
+    try:
+        with pytest.raises(RuntimeError, match=f"failed at row {fail_at}"):
+            ops.row_chunks_probe(200, fail_at)
+        ranges, _ = ops.row_chunks_probe(200)  # the threads are usable afterwards
+    finally:
+        torch.set_num_threads(1)
+    assert ranges == [(0, 64), (64, 128), (128, 200)]
+
+
+def _openmp_runtimes_mapped() -> set[str]:
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "/" in line}
+    return {os.path.realpath(p) for p in paths
+            if os.path.basename(p).startswith(("libgomp", "libiomp", "libomp"))}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
+def test_the_kernel_splits_on_torchs_own_openmp_team_where_torch_ships_one():
+    ops = _cpp.load_tree_ops()
+    gomp = _kernel_build.torch_openmp_library()
+    # The build links the kernel to torch's libgomp whenever torch ships one: a build that
+    # lost the flags would run on threads of its own, at half speed beside torch's workers.
+    assert ops.search_threads_on_torch_team() == (gomp is not None)
+    if gomp is not None:
+        assert _openmp_runtimes_mapped() == {os.path.realpath(gomp)}

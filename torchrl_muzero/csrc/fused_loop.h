@@ -52,25 +52,29 @@ void run_fused_simulations(const TreeArrays& t, int64_t b0, int64_t b1, const Ro
 
 // How many threads a fused search of B trees runs on: torch's intra-op
 // setting (torch.set_num_threads; the trainers set it to each process's CPU
-// budget), with at least two groups of kGroup trees per thread. Measured on
-// 2 cores (docs/performance.md): Gumbel MuZero on the canonical network went
-// 1.44x faster at B = 256 on two threads, and not at all at B = 64 (one group
-// each), so a search of fewer than 4 groups stays on the caller's thread.
+// budget), with at least one group of kGroup trees per thread.
 inline int64_t search_threads(int64_t B) {
   const int64_t groups = (B + kGroup - 1) / kGroup;
-  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups / 2));
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups));
 }
 
 // Runs chunk(b0, b1) over contiguous ranges of whole groups of the B trees,
-// one range per thread (search_threads), the caller's thread taking the first.
-// Trees never share a node, and a tree's float operations do not depend on
-// the group it lands in (the fused searches' batch-size independence, tested),
-// so a search gives the same result bit for bit on any number of threads.
-// `chunk` must copy what it mutates (the rules' scratch: the rule objects are
-// copied per chunk by the callers) and may throw: the first error is
-// rethrown here once every thread has finished. Plain std::thread, not
-// at::parallel_for: the extension is built without OpenMP flags, and a
-// search is long (>= ~5 ms where it splits) against a thread's start (~50 us).
+// chunk k on the k-th of search_threads(B) threads, the caller's thread
+// taking the first. Trees never share a node, and a tree's float operations
+// do not depend on the group it lands in (the fused searches' batch-size
+// independence, tested), so a search gives the same result bit for bit on any
+// number of threads. `chunk` must copy what it mutates (the rules' scratch:
+// the rule objects are copied per chunk by the callers) and may throw: the
+// first error is rethrown here once every chunk has finished.
+//
+// The threads are torch's own OpenMP team (at::parallel_for) where the
+// extension is linked against torch's OpenMP runtime (MZ_TORCH_OPENMP, see
+// mcts/_kernel_build.py): after any parallel torch op that team's idle
+// workers spin for milliseconds, and a thread of our own started meanwhile
+// shares its core with a spinning worker and runs at half speed (measured:
+// two threads were no faster than one, docs/performance.md). Elsewhere
+// plain std::threads (started per search: ~50 us against a search of
+// milliseconds).
 template <class Chunk>
 void for_row_chunks(int64_t B, Chunk&& chunk) {
   const int64_t T = search_threads(B);
@@ -79,11 +83,22 @@ void for_row_chunks(int64_t B, Chunk&& chunk) {
     return;
   }
   const int64_t groups = (B + kGroup - 1) / kGroup;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(T));
-  auto range = [&](int64_t k) {  // thread k's rows: groups split as evenly as they go
+  auto range = [&](int64_t k) {  // chunk k's rows: groups split as evenly as they go
     const int64_t g0 = groups * k / T, g1 = groups * (k + 1) / T;
     return std::make_pair(g0 * kGroup, std::min(B, g1 * kGroup));
   };
+#ifdef MZ_TORCH_OPENMP
+  // Grain 1: one chunk per thread (chunks [k0, k1) together where torch runs
+  // fewer threads, e.g. inside another parallel region, where it runs them all
+  // on this thread). Errors: at::parallel_for rethrows the first.
+  at::parallel_for(0, T, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const auto r = range(k);
+      chunk(r.first, r.second);
+    }
+  });
+#else
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(T));
   auto run = [&](int64_t k) {
     try {
       const auto r = range(k);
@@ -99,6 +114,17 @@ void for_row_chunks(int64_t B, Chunk&& chunk) {
   for (std::thread& w : workers) w.join();
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
+#endif
+}
+
+// Whether the searches split on torch's OpenMP team (true) or on threads of
+// their own (false); the extension reports it as `search_threads_on_torch_team`.
+inline bool search_threads_on_torch_team() {
+#ifdef MZ_TORCH_OPENMP
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace tree_ops

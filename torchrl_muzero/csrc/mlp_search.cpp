@@ -7,6 +7,11 @@
 #include "fused_loop.h"
 #include "gumbel_readout.h"
 
+#include <algorithm>
+#include <mutex>
+#include <set>
+#include <thread>
+
 #ifdef MZ_HAVE_MLP_SEARCH
 
 namespace tree_ops {
@@ -79,6 +84,31 @@ at::Tensor mlp_unroll(const std::vector<at::Tensor>& weights,
   return cur;
 }
 
+
+// Test hook for for_row_chunks (fused_loop.h): the row ranges it gives B
+// trees on torch's current thread count, sorted, and how many distinct
+// threads ran them; with fail_at >= 0 the chunk holding that row throws (the
+// error must reach Python once every chunk is done).
+std::pair<std::vector<std::pair<int64_t, int64_t>>, int64_t> row_chunks_probe(
+    int64_t B, int64_t fail_at) {
+  std::mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  std::set<std::thread::id> threads;
+  {
+    pybind11::gil_scoped_release no_gil;
+    for_row_chunks(B, [&](int64_t b0, int64_t b1) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ranges.emplace_back(b0, b1);
+        threads.insert(std::this_thread::get_id());
+      }
+      TORCH_CHECK(fail_at < b0 || fail_at >= b1, "row_chunks_probe: chunk [", b0,
+                  ", ", b1, ") failed at row ", fail_at);
+    });
+  }
+  std::sort(ranges.begin(), ranges.end());
+  return {ranges, static_cast<int64_t>(threads.size())};
+}
 
 // The simulations of mlp_search on the checked tree `t` (every pointer set).
 void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
@@ -239,6 +269,14 @@ void register_mlp(pybind11::module_& m) {
         py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
         py::arg("value_eps"), py::arg("latent"), py::arg("actions"),
         py::arg("fma") = false);
+  m.def("row_chunks_probe", &row_chunks_probe,
+        "Test hook: ([(b0, b1), ...], distinct threads) of the fused "
+        "searches' split of B trees; fail_at >= 0 throws in that row's chunk.",
+        py::arg("B"), py::arg("fail_at") = -1);
+  m.def("search_threads_on_torch_team", &search_threads_on_torch_team,
+        "Whether the fused searches split their trees on torch's OpenMP "
+        "team (the extension is linked against torch's runtime) or on "
+        "threads of their own.");
   m.def("kernel_has_fma", &kernel_has_fma,
         "Whether the fused searches' `fma=True` runs their FMA network path "
         "on this CPU (x86 with AVX2 and FMA); elsewhere it runs the exact one.");

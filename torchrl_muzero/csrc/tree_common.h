@@ -53,7 +53,9 @@ namespace tree_ops {
 // loader can reject a stale in-place build instead of calling it wrongly.
 // 2: rules passed by name and parameters (select, mlp_search), per-edge
 // discounts and -inf prior logits read from the tree.
-constexpr int kTreeOpsVersion = 2;
+// 3: fused searches split on torch's OpenMP team; row_chunks_probe and
+// search_threads_on_torch_team (tests' hooks).
+constexpr int kTreeOpsVersion = 3;
 
 inline void check_tensor(const at::Tensor& t, const char* name,
                          at::ScalarType dtype, int64_t dim) {

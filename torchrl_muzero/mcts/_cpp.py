@@ -31,6 +31,7 @@ from types import ModuleType
 
 import torch
 
+from . import _kernel_build
 from .tree import Tree
 
 __all__ = [
@@ -53,12 +54,7 @@ __all__ = [
 
 # Must equal kTreeOpsVersion in csrc/tree_common.h: an in-place build left over
 # from an older checkout would otherwise be called with the wrong arguments.
-_EXPECTED_VERSION = 2
-
-# The kernel's translation units (keep in step with setup.py's list).
-_SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp", "stochastic_net.cpp", "stochastic_search.cpp",
-            "ez_net.cpp", "ez_search.cpp", "unizero_net.cpp", "unizero_search.cpp",
-            "root_ops.cpp")
+_EXPECTED_VERSION = 3
 
 _lock = threading.Lock()
 _loaded = False  # the load is attempted once per process; failures are sticky
@@ -68,7 +64,7 @@ _reason: str | None = "not loaded yet"
 
 def _source_paths() -> list[str]:
     here = os.path.dirname(os.path.abspath(__file__))
-    return [os.path.join(os.path.dirname(here), "csrc", name) for name in _SOURCES]
+    return [os.path.join(os.path.dirname(here), "csrc", name) for name in _kernel_build.SOURCES]
 
 
 def _check_version(mod: ModuleType, origin: str) -> ModuleType:
@@ -88,14 +84,16 @@ def _jit_compile() -> ModuleType:
     missing = [s for s in sources if not os.path.exists(s)]
     if missing:
         raise FileNotFoundError(f"kernel sources not found: {missing}")
+    compile_args, link_args = _kernel_build.compile_and_link_args()
     build_dir = os.environ.get("TORCHRL_MUZERO_JIT_DIR")
     if build_dir:
         os.makedirs(build_dir, exist_ok=True)
     mod = load(
         name="torchrl_muzero_tree_ops",
         sources=sources,
-        # Same flags as setup.py; fp-contract=off is also forced in the source.
-        extra_cflags=["-O3", "-ffp-contract=off"],
+        # Same flags as setup.py (torch's own OpenMP runtime where it ships one).
+        extra_cflags=compile_args,
+        extra_ldflags=link_args,
         build_directory=build_dir,
         verbose=False,
     )
