@@ -2,8 +2,9 @@
 for_row_chunks): the same trees, bit for bit, on any number of threads.
 
 B = 200 is seven groups of 32 trees (the last one partial): two threads take three and four
-groups, three threads two, two and three (a search splits into at most one chunk per group).
-Every tensor of the tree is compared, not only the visit counts.
+groups, three threads two, two and three. B = 40 splits inside a group, in units of four trees
+(csrc/fused_loop.h's split_unit): 20 + 20 trees on two threads, 12 + 12 + 16 on three. Every
+tensor of the tree is compared, not only the visit counts.
 
 The split itself (its chunks, the threads that run them, an error in one chunk) is tested
 through the kernel's test hook ``row_chunks_probe``; and where the kernel runs on torch's
@@ -23,11 +24,10 @@ from torchrl_muzero.mcts.stochastic import stochastic_search
 from torchrl_muzero.modules import EfficientZeroMLPModel, MuZeroMLPModel, StochasticMuZeroMLPModel
 
 pytestmark = pytest.mark.skipif(_cpp.load_tree_ops() is None, reason="the C++ kernel is not built")
-B = 200
 
 
-def _obs(seed: int) -> torch.Tensor:
-    return 2 * torch.randn(B, 5, generator=torch.Generator().manual_seed(seed))
+def _obs(seed: int, trees: int) -> torch.Tensor:
+    return 2 * torch.randn(trees, 5, generator=torch.Generator().manual_seed(seed))
 
 
 def _heads_scaled(model, layers):
@@ -37,39 +37,39 @@ def _heads_scaled(model, layers):
     return model.eval()
 
 
-def _muzero_search(precision: str):
+def _muzero_search(precision: str, trees: int):
     torch.manual_seed(0)
     m = MuZeroMLPModel((5,), 6, latent_dim=32, hidden_dim=48, zero_init_heads=False)
     model = _heads_scaled(m, (m.prediction_head, m.reward_head[-1]))
     cfg = MCTSConfig(num_simulations=40, backend="cpp", kernel_precision=precision)
-    return lambda: search(model, _obs(1), cfg, generator=torch.Generator().manual_seed(1))
+    return lambda: search(model, _obs(1, trees), cfg, generator=torch.Generator().manual_seed(1))
 
 
-def _gumbel_search(precision: str):
+def _gumbel_search(precision: str, trees: int):
     torch.manual_seed(1)
     m = MuZeroMLPModel((5,), 6, latent_dim=32, hidden_dim=48, zero_init_heads=False)
     model = _heads_scaled(m, (m.prediction_head, m.reward_head[-1]))
     cfg = GumbelMCTSConfig(num_simulations=40, backend="cpp", kernel_precision=precision,
                            max_num_considered_actions=4)
-    return lambda: gumbel_search(model, _obs(2), cfg, generator=torch.Generator().manual_seed(2))
+    return lambda: gumbel_search(model, _obs(2, trees), cfg, generator=torch.Generator().manual_seed(2))
 
 
-def _stochastic_search(precision: str):
+def _stochastic_search(precision: str, trees: int):
     torch.manual_seed(2)
     m = StochasticMuZeroMLPModel((5,), 6, chance_space_size=8, latent_dim=32, hidden_dim=48,
                                  zero_init_heads=False)
     model = _heads_scaled(m, (m.prediction_head, m.reward_head[-1], m.chance_head))
     cfg = MCTSConfig(num_simulations=40, backend="cpp", discount=0.997, kernel_precision=precision)
-    return lambda: stochastic_search(model, _obs(3), cfg, generator=torch.Generator().manual_seed(3))
+    return lambda: stochastic_search(model, _obs(3, trees), cfg, generator=torch.Generator().manual_seed(3))
 
 
-def _efficientzero_search(precision: str):
+def _efficientzero_search(precision: str, trees: int):
     torch.manual_seed(3)
     m = EfficientZeroMLPModel((5,), 6, latent_dim=32, hidden_dim=48, zero_init_heads=False,
                               lstm_hidden_size=24, lstm_horizon_len=3)
     model = _heads_scaled(m, (m.prediction_head, m.value_prefix_head[-1]))
     cfg = MCTSConfig(num_simulations=40, backend="cpp", kernel_precision=precision)
-    return lambda: search(model, _obs(4), cfg, generator=torch.Generator().manual_seed(4))
+    return lambda: search(model, _obs(4, trees), cfg, generator=torch.Generator().manual_seed(4))
 
 
 SEARCHES = {"muzero": _muzero_search, "gumbel_muzero": _gumbel_search,
@@ -107,12 +107,13 @@ def _kernel_on_threads(monkeypatch, algo: str, threads: int) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("trees", [200, 40])
 @pytest.mark.parametrize("precision", ["exact", "fma"])
 @pytest.mark.parametrize("algo", SEARCHES)
-def test_a_search_gives_the_same_trees_on_any_number_of_threads(algo, precision, monkeypatch):
+def test_a_search_gives_the_same_trees_on_any_number_of_threads(algo, precision, trees, monkeypatch):
     if precision == "fma" and not _cpp.fma_available():
         pytest.skip("no FMA path on this CPU")
-    run = SEARCHES[algo](precision)
+    run = SEARCHES[algo](precision, trees)
     assert torch.get_num_threads() == 1  # test/conftest.py
     one = run()
     assert one.tree.visit_count[:, 0].min() > 0  # the search ran on every tree
@@ -128,22 +129,36 @@ def test_a_search_gives_the_same_trees_on_any_number_of_threads(algo, precision,
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("trees", [1, 32, 33, 64, 200, 256])
-def test_the_trees_split_in_whole_groups_one_chunk_per_thread(trees, threads):
+@pytest.mark.parametrize("trees", [1, 4, 5, 8, 33, 64, 127, 128, 200, 256])
+def test_the_trees_split_in_whole_units_one_chunk_per_thread(trees, threads):
     ops = _cpp.load_tree_ops()
     torch.set_num_threads(threads)
     try:
         ranges, distinct = ops.row_chunks_probe(trees)
     finally:
         torch.set_num_threads(1)
-    groups = -(-trees // 32)
-    assert len(ranges) == min(threads, groups)
+    # whole groups of 32 trees where each thread gets two at least, else units of 4 trees
+    unit = 32 if trees >= 2 * threads * 32 else 4
+    units = -(-trees // unit)
+    assert len(ranges) == min(threads, units)
     assert distinct == len(ranges)  # each chunk on a thread of its own
     assert ranges[0][0] == 0 and ranges[-1][1] == trees  # every tree once, in order
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
-    assert all(b0 % 32 == 0 for b0, _ in ranges)  # whole groups of 32 trees
-    sizes = [(b1 - b0 + 31) // 32 for b0, b1 in ranges]
-    assert max(sizes) - min(sizes) <= 1  # groups shared as evenly as they go
+    assert all(b0 % unit == 0 for b0, _ in ranges)
+    sizes = [-(-(b1 - b0) // unit) for b0, b1 in ranges]
+    assert max(sizes) - min(sizes) <= 1  # units shared as evenly as they go
+
+
+def test_small_searches_split_evenly_inside_a_group():
+    ops = _cpp.load_tree_ops()
+    torch.set_num_threads(2)
+    try:
+        assert ops.row_chunks_probe(8)[0] == [(0, 4), (4, 8)]
+        assert ops.row_chunks_probe(33)[0] == [(0, 16), (16, 33)]  # not 32 + 1
+        assert ops.row_chunks_probe(3)[0] == [(0, 3)]  # below two units: one thread
+        assert ops.row_chunks_probe(128)[0] == [(0, 64), (64, 128)]
+    finally:
+        torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize("fail_at", [0, 150, 199])

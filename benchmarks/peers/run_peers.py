@@ -332,6 +332,14 @@ def main() -> None:
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     batches = [int(b) for b in args.batches.split(",")]
+    peers = [p for p in args.peers.split(",") if p]
+    if any(b not in export_case.BATCHES for b in batches):
+        parser.error(f"--batches={args.batches!r}: the exported case holds roots for B in "
+                     f"{', '.join(map(str, export_case.BATCHES))} only")
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:  # before the case is exported: one line, not a KeyError after our timings
+        parser.error(f"--peers={args.peers!r}: unknown peer {unknown[0]!r}; known: {', '.join(PEERS)} "
+                     "(an empty --peers= times ours only)")
     # ours in this process, each peer's runner after it: the same core (or, with --threads N, every core)
     if args.threads > 1:
         os.environ["TORCHRL_MUZERO_BENCH_THREADS"] = str(args.threads)  # the peers' runners read it
@@ -346,7 +354,7 @@ def main() -> None:
             if not args.no_ours:
                 done += run_ours(case, variants, batches, args.rounds, [i for i in args.ours.split(",") if i],
                                  threads=args.threads)
-            for name in [p for p in args.peers.split(",") if p]:
+            for name in peers:
                 done += run_peer(name, case_path, variants, batches, args.rounds, args.timeout,
                                  one_thread=args.threads == 1)
             for r in done:

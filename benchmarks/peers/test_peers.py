@@ -67,6 +67,14 @@ def test_missing_peer_is_skipped(case, monkeypatch, capsys):
     assert "skipped, no python at /nonexistent/python" in capsys.readouterr().err
 
 
+def test_an_unknown_peer_is_one_line_before_anything_runs():
+    out = subprocess.run([sys.executable, str(Path(run_peers.__file__)), "--peers", "mctx,none"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--peers='mctx,none': unknown peer 'none'; known: lightzero, mctx" in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
 def test_table_lays_out_medians():
     recs = [{"impl": "a", "variant": "muzero", "B": 1, "searches_per_s": v} for v in (1.0, 3.0, 2.0)]
     recs += [{"impl": "b", "variant": "muzero", "B": 1, "searches_per_s": 10.0},

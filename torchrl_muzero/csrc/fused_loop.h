@@ -50,16 +50,29 @@ void run_fused_simulations(const TreeArrays& t, int64_t b0, int64_t b1, const Ro
   }
 }
 
-// How many threads a fused search of B trees runs on: torch's intra-op
-// setting (torch.set_num_threads; the trainers set it to each process's CPU
-// budget), with at least one group of kGroup trees per thread.
-inline int64_t search_threads(int64_t B) {
-  const int64_t groups = (B + kGroup - 1) / kGroup;
-  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups));
+// The searches split B trees into chunks of whole units of rows: whole
+// groups of kGroup trees where every thread gets two groups at least (a
+// chunk then holds at most one partial group), else units of kMinChunkRows
+// trees, so that a search of fewer trees than threads x kGroup (B = 8, 33,
+// 64 on two threads) still splits, and evenly (B = 33: 16 + 17 trees, not
+// 32 + 1). Below two units a search stays on the caller's thread.
+constexpr int64_t kMinChunkRows = 4;
+
+inline int64_t split_unit(int64_t B, int64_t threads) {
+  return B >= 2 * threads * kGroup ? kGroup : kMinChunkRows;
 }
 
-// Runs chunk(b0, b1) over contiguous ranges of whole groups of the B trees,
-// chunk k on the k-th of search_threads(B) threads, the caller's thread
+// How many threads (chunks) a fused search of B trees runs on: torch's
+// intra-op setting (torch.set_num_threads; the trainers set it to each
+// process's CPU budget), at most one per unit of split_unit rows.
+inline int64_t search_threads(int64_t B) {
+  const int64_t T = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t unit = split_unit(B, T);
+  return std::max<int64_t>(1, std::min<int64_t>(T, (B + unit - 1) / unit));
+}
+
+// Runs chunk(b0, b1) over contiguous ranges of whole units of the B trees
+// (split_unit), chunk k on the k-th of search_threads(B) threads, the caller's thread
 // taking the first. Trees never share a node, and a tree's float operations
 // do not depend on the group it lands in (the fused searches' batch-size
 // independence, tested), so a search gives the same result bit for bit on any
@@ -82,10 +95,13 @@ void for_row_chunks(int64_t B, Chunk&& chunk) {
     chunk(int64_t{0}, B);
     return;
   }
-  const int64_t groups = (B + kGroup - 1) / kGroup;
-  auto range = [&](int64_t k) {  // chunk k's rows: groups split as evenly as they go
-    const int64_t g0 = groups * k / T, g1 = groups * (k + 1) / T;
-    return std::make_pair(g0 * kGroup, std::min(B, g1 * kGroup));
+  // The unit as search_threads chose it (torch's thread count, not T: T is
+  // already capped by the units).
+  const int64_t unit = split_unit(B, std::max<int64_t>(1, at::get_num_threads()));
+  const int64_t units = (B + unit - 1) / unit;
+  auto range = [&](int64_t k) {  // chunk k's rows: units split as evenly as they go
+    const int64_t u0 = units * k / T, u1 = units * (k + 1) / T;
+    return std::make_pair(u0 * unit, std::min(B, u1 * unit));
   };
 #ifdef MZ_TORCH_OPENMP
   // Grain 1: one chunk per thread (chunks [k0, k1) together where torch runs

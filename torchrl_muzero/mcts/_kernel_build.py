@@ -48,8 +48,12 @@ def torch_openmp_library() -> str | None:
 
 
 def compile_and_link_args() -> tuple[list[str], list[str]]:
-    """(extra compile args, extra link args) for the kernel on this torch."""
-    gomp = torch_openmp_library()
+    """(extra compile args, extra link args) for the kernel on this torch.
+
+    ``TORCHRL_MUZERO_KERNEL_OPENMP=0`` at build time keeps the kernel off OpenMP (its own
+    std::threads), for a build whose OpenMP linking fails or to compare the two.
+    """
+    gomp = torch_openmp_library() if os.environ.get("TORCHRL_MUZERO_KERNEL_OPENMP", "1") != "0" else None
     if gomp is None:
         return list(BASE_COMPILE_ARGS), []
     # -fopenmp at compile time only: at link time it would add the compiler's own -lgomp.
