@@ -67,11 +67,15 @@ def test_missing_peer_is_skipped(case, monkeypatch, capsys):
     assert "skipped, no python at /nonexistent/python" in capsys.readouterr().err
 
 
-def test_an_unknown_peer_is_one_line_before_anything_runs():
-    out = subprocess.run([sys.executable, str(Path(run_peers.__file__)), "--peers", "mctx,none"],
+@pytest.mark.parametrize("argv, line", [
+    (["--peers", "mctx,none"], "--peers='mctx,none': unknown peer 'none'; known: lightzero, mctx"),
+    (["--batches", "2,8"], "--batches='2,8': the exported case holds roots for B in 1, 8, 64, 256 only"),
+])
+def test_bad_arguments_are_one_line_before_anything_runs(argv, line):
+    out = subprocess.run([sys.executable, str(Path(run_peers.__file__)), *argv],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert "--peers='mctx,none': unknown peer 'none'; known: lightzero, mctx" in out.stderr
+    assert line in out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""
 
 
