@@ -184,6 +184,40 @@ def test_fused_search_is_batch_invariant():
             assert bool((t[0] == getattr(batch.tree, name)[i]).all()), name
 
 
+@pytest.mark.parametrize("kv_cache", [True, False], ids=["cache", "recompute"])
+def test_fused_search_gives_the_same_trees_on_any_number_of_threads(kv_cache, monkeypatch):
+    """The search splits its trees over torch's threads (csrc/fused_loop.h's for_row_chunks): 40
+    trees are 20 + 20 on two threads, 12 + 12 + 16 on three; only the kernel runs on them (torch's
+    own root ops stay on one thread: MKL rounds differently per thread count)."""
+    model = _model(kv_cache)
+    root = _root(model, 40)
+    assert torch.get_num_threads() == 1  # test/conftest.py
+    one = _search(model, root, "cpp")
+    complete_node_states(one.tree)  # slots a node does not own are left unwritten by the search
+    kernel = _ops.unizero_search
+    for threads in (2, 3):
+        calls = []
+
+        def on_threads(*args, **kwargs):
+            torch.set_num_threads(threads)
+            try:
+                calls.append(threads)
+                return kernel(*args, **kwargs)
+            finally:
+                torch.set_num_threads(1)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(_ops, "unizero_search", on_threads)
+            split = _search(model, root, "cpp")
+        assert calls == [threads]
+        complete_node_states(split.tree)
+        for name, t in one.tree.tensors().items():
+            other = getattr(split.tree, name)
+            same = torch.equal(t, other) if isinstance(t, torch.Tensor) else all(
+                torch.equal(t[k], other[k]) for k in t.keys(True, True))
+            assert same, (threads, name)
+
+
 def test_unsupported_models_fall_back_to_the_torch_step():
     assert fused_unizero_weights(_model(True)) is not None
     unsupported = [_model(True, on_overflow="error", max_blocks=10), _model(True, num_heads=8)]  # head_dim 4

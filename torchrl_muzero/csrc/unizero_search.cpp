@@ -214,50 +214,55 @@ void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
   }
   const int64_t MB = net.MB, E = net.E, MT = net.MT, SF = net.slot_floats();
 
-  with_rules(root, interior, t, extra, [&](const auto& rr, const auto& ir) {
+  // own_from[node]: the first slot the node's own buffer holds (0 for the
+  // root and for a node whose context slid; else its parent's length). Shared
+  // by the chunks: each writes its own trees' rows only.
+  std::vector<int64_t> own_from(B * N, 0);
+  with_rules(root, interior, t, extra, [&](const auto& rr0, const auto& ir0) {
     pybind11::gil_scoped_release no_gil;
-    UzScratch& sc = thread_uz_scratch(net);
-    UzRows rows;
-    std::vector<float> prior(kGroup * A), logits(kGroup * A);
-    std::vector<const float*> tables(kGroup * MT);
-    // own_from[node]: the first slot the node's own buffer holds (0 for the
-    // root and for a node whose context slid; else its parent's length).
-    std::vector<int64_t> own_from(B * N, 0);
-    run_fused_simulations(
-        t, 0, t.B, rr, ir,  // one thread (for_row_chunks not wired here yet)
-        [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
-          const int64_t from = b * N + l.node, to = b * N + n;
-          rows.action[s] = l.action;
-          rows.p_latents[s] = st.latents + from * MB * E;
-          rows.p_actions[s] = st.actions + from * MB;
-          rows.p_length[s] = st.length[from];
-          rows.c_latents[s] = st.latents + to * MB * E;
-          rows.c_actions[s] = st.actions + to * MB;
-          rows.slots[s] = tables.data() + s * MT;
-          rows.c_kv[s] = cache ? st.kv + to * MT * SF : nullptr;
-          if (!cache) return;
-          // The exact cache keyed by tree node: each slot of the leaf's
-          // context from the node that computed it, up the parent links.
-          for (int64_t m = l.node;;) {
-            const int64_t node = b * N + m;
-            for (int64_t i = own_from[node]; i < st.length[node]; ++i)
-              rows.slots[s][i] = st.kv + node * MT * SF + i * SF;
-            if (own_from[node] == 0) break;
-            m = t.par[node];
-          }
-        },
-        [&](int64_t count) {
-          uz_step(net, sc, count, rows, cache, logits.data(), prior.data(), /*baseline=*/false, fma);
-        },
-        [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
-          const int64_t to = b * N + n;
-          st.length[to] = rows.c_length[s];
-          own_from[to] = rows.slid[s] ? 0 : rows.p_length[s];
-          std::copy_n(logits.data() + s * A, A, r.lg + n * A);
-          r.rv[n] = rows.value[s];
-          expand_and_backup_in_tree(r, n, l.node, l.action, rows.reward[s], rows.value[s],
-                                    prior.data() + s * A, nullptr);
-        });
+    for_row_chunks(t.B, [&](int64_t b0, int64_t b1) {
+      auto rr = rr0;  // this chunk's own copies: the rules' scratch is mutable
+      auto ir = ir0;
+      UzScratch& sc = thread_uz_scratch(net);  // thread_local: one per thread of the split
+      UzRows rows;
+      std::vector<float> prior(kGroup * A), logits(kGroup * A);
+      std::vector<const float*> tables(kGroup * MT);
+      run_fused_simulations(
+          t, b0, b1, rr, ir,
+          [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
+            const int64_t from = b * N + l.node, to = b * N + n;
+            rows.action[s] = l.action;
+            rows.p_latents[s] = st.latents + from * MB * E;
+            rows.p_actions[s] = st.actions + from * MB;
+            rows.p_length[s] = st.length[from];
+            rows.c_latents[s] = st.latents + to * MB * E;
+            rows.c_actions[s] = st.actions + to * MB;
+            rows.slots[s] = tables.data() + s * MT;
+            rows.c_kv[s] = cache ? st.kv + to * MT * SF : nullptr;
+            if (!cache) return;
+            // The exact cache keyed by tree node: each slot of the leaf's
+            // context from the node that computed it, up the parent links.
+            for (int64_t m = l.node;;) {
+              const int64_t node = b * N + m;
+              for (int64_t i = own_from[node]; i < st.length[node]; ++i)
+                rows.slots[s][i] = st.kv + node * MT * SF + i * SF;
+              if (own_from[node] == 0) break;
+              m = t.par[node];
+            }
+          },
+          [&](int64_t count) {
+            uz_step(net, sc, count, rows, cache, logits.data(), prior.data(), /*baseline=*/false, fma);
+          },
+          [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
+            const int64_t to = b * N + n;
+            st.length[to] = rows.c_length[s];
+            own_from[to] = rows.slid[s] ? 0 : rows.p_length[s];
+            std::copy_n(logits.data() + s * A, A, r.lg + n * A);
+            r.rv[n] = rows.value[s];
+            expand_and_backup_in_tree(r, n, l.node, l.action, rows.reward[s], rows.value[s],
+                                      prior.data() + s * A, nullptr);
+          });
+    });
   });
 }
 
