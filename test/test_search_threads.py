@@ -17,6 +17,7 @@ import os
 
 import pytest
 import torch
+from kernel_threads import kernel_on_threads
 
 from torchrl_muzero.mcts import MCTSConfig, _cpp, _kernel_build, search
 from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig, gumbel_search
@@ -89,22 +90,7 @@ KERNELS = {"muzero": "mlp_search", "gumbel_muzero": "mlp_search", "stochastic_mu
 
 
 def _kernel_on_threads(monkeypatch, algo: str, threads: int) -> list[int]:
-    """Only the fused kernel runs on ``threads``: torch's own root inference stays on one thread
-    (MKL's GEMM rounds differently on 3 threads than on 1: the root's value moved by an ulp)."""
-    ops = _cpp.load_tree_ops()
-    name = KERNELS[algo]
-    kernel, calls = getattr(ops, name), []
-
-    def on_threads(*args, **kwargs):
-        torch.set_num_threads(threads)
-        try:
-            calls.append(threads)
-            return kernel(*args, **kwargs)
-        finally:
-            torch.set_num_threads(1)
-
-    monkeypatch.setattr(ops, name, on_threads)
-    return calls
+    return kernel_on_threads(monkeypatch, _cpp.load_tree_ops(), KERNELS[algo], threads)
 
 
 @pytest.mark.parametrize("trees", [200, 40])

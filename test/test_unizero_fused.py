@@ -2,6 +2,7 @@
 exactness of its per-node KV cache, whole searches against the torch path, and the fallback."""
 import pytest
 import torch
+from kernel_threads import kernel_on_threads
 
 from torchrl_muzero.mcts import MCTSConfig, _cpp
 from torchrl_muzero.mcts.search import muzero_search
@@ -194,20 +195,9 @@ def test_fused_search_gives_the_same_trees_on_any_number_of_threads(kv_cache, mo
     assert torch.get_num_threads() == 1  # test/conftest.py
     one = _search(model, root, "cpp")
     complete_node_states(one.tree)  # slots a node does not own are left unwritten by the search
-    kernel = _ops.unizero_search
     for threads in (2, 3):
-        calls = []
-
-        def on_threads(*args, **kwargs):
-            torch.set_num_threads(threads)
-            try:
-                calls.append(threads)
-                return kernel(*args, **kwargs)
-            finally:
-                torch.set_num_threads(1)
-
         with monkeypatch.context() as patch:
-            patch.setattr(_ops, "unizero_search", on_threads)
+            calls = kernel_on_threads(patch, _ops, "unizero_search", threads)
             split = _search(model, root, "cpp")
         assert calls == [threads]
         complete_node_states(split.tree)
