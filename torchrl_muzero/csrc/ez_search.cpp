@@ -141,9 +141,7 @@ void ez_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
 
   with_rules(root, interior, t, extra, [&](const auto& rr0, const auto& ir0) {
     pybind11::gil_scoped_release no_gil;
-    for_row_chunks(t.B, [&](int64_t b0, int64_t b1) {
-      auto rr = rr0;  // this chunk's own copies: the rules' scratch is mutable
-      auto ir = ir0;
+    for_row_chunks_with_rules(t.B, rr0, ir0, [&](int64_t b0, int64_t b1, auto& rr, auto& ir) {
       EzScratch& sc = thread_ez_scratch(net);
       EzRows rows;
       std::vector<float> prior(kGroup * A), logits(kGroup * A);

@@ -62,22 +62,26 @@ inline int64_t split_unit(int64_t B, int64_t threads) {
   return B >= 2 * threads * kGroup ? kGroup : kMinChunkRows;
 }
 
-// How many threads (chunks) a fused search of B trees runs on: torch's
-// intra-op setting (torch.set_num_threads; the trainers set it to each
-// process's CPU budget), at most one per unit of split_unit rows.
-inline int64_t search_threads(int64_t B) {
+// How a fused search of B trees is split: into `chunks` (one per thread:
+// torch's intra-op setting, torch.set_num_threads; the trainers set it to
+// each process's CPU budget), at most one per unit of `unit` rows.
+struct RowSplit {
+  int64_t chunks, unit;
+};
+
+inline RowSplit row_split(int64_t B) {
   const int64_t T = std::max<int64_t>(1, at::get_num_threads());
   const int64_t unit = split_unit(B, T);
-  return std::max<int64_t>(1, std::min<int64_t>(T, (B + unit - 1) / unit));
+  return {std::max<int64_t>(1, std::min<int64_t>(T, (B + unit - 1) / unit)), unit};
 }
 
 // Runs chunk(b0, b1) over contiguous ranges of whole units of the B trees
-// (split_unit), chunk k on the k-th of search_threads(B) threads, the caller's thread
-// taking the first. Trees never share a node, and a tree's float operations
-// do not depend on the group it lands in (the fused searches' batch-size
-// independence, tested), so a search gives the same result bit for bit on any
-// number of threads. `chunk` must copy what it mutates (the rules' scratch:
-// the rule objects are copied per chunk by the callers) and may throw: the
+// (split_unit), chunk k on the k-th of row_split(B).chunks threads, the
+// caller's thread taking the first. Trees never share a node, and a tree's
+// float operations do not depend on the group it lands in (the fused
+// searches' batch-size independence, tested), so a search gives the same
+// result bit for bit on any number of threads. `chunk` must copy what it mutates (the rules' scratch:
+// for_row_chunks_with_rules copies the rules per chunk) and may throw: the
 // first error is rethrown here once every chunk has finished.
 //
 // The threads are torch's own OpenMP team (at::parallel_for) where the
@@ -90,14 +94,12 @@ inline int64_t search_threads(int64_t B) {
 // milliseconds).
 template <class Chunk>
 void for_row_chunks(int64_t B, Chunk&& chunk) {
-  const int64_t T = search_threads(B);
+  const RowSplit split = row_split(B);
+  const int64_t T = split.chunks, unit = split.unit;
   if (T <= 1) {
     chunk(int64_t{0}, B);
     return;
   }
-  // The unit as search_threads chose it (torch's thread count, not T: T is
-  // already capped by the units).
-  const int64_t unit = split_unit(B, std::max<int64_t>(1, at::get_num_threads()));
   const int64_t units = (B + unit - 1) / unit;
   auto range = [&](int64_t k) {  // chunk k's rows: units split as evenly as they go
     const int64_t u0 = units * k / T, u1 = units * (k + 1) / T;
@@ -131,6 +133,18 @@ void for_row_chunks(int64_t B, Chunk&& chunk) {
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
 #endif
+}
+
+// for_row_chunks for the searches: each chunk gets its own copies of the two
+// selection rules (their scratch is mutable), as chunk(b0, b1, rr, ir).
+template <class RootRule, class InteriorRule, class Chunk>
+void for_row_chunks_with_rules(int64_t B, const RootRule& rr0, const InteriorRule& ir0,
+                               Chunk&& chunk) {
+  for_row_chunks(B, [&](int64_t b0, int64_t b1) {
+    RootRule rr = rr0;
+    InteriorRule ir = ir0;
+    chunk(b0, b1, rr, ir);
+  });
 }
 
 // Whether the searches split on torch's OpenMP team (true) or on threads of
