@@ -1,4 +1,6 @@
-"""Tests of the replay storage: GameBuffer, its targets, frames and priority tree."""
+"""Tests of the replay storage: GameBuffer's targets, reanalyze, priorities, state, bad input.
+
+Frames, CatFrames and a real collector: test_game_buffer_frames.py; shared cases: replay_cases.py."""
 from __future__ import annotations
 
 import math
@@ -6,146 +8,10 @@ import math
 import pytest
 import torch
 from tensordict import TensorDict
-from torch import nn
 
-from torchrl_muzero.data import FrameStack, GameBuffer, PriorityTree
+from replay_cases import A, Episode, ValueStub, check_against_reference, make_buffer
+from torchrl_muzero.data import GameBuffer, PriorityTree
 from torchrl_muzero.data.targets import plan_value_targets, reward_targets, value_targets
-
-A = 3
-
-
-# --------------------------------------------------------------------------- helpers
-class Episode:
-    """A hand-written trajectory: observations ``[eid * 1000 + t, t]``."""
-
-    def __init__(self, eid, rewards, end="terminal", traj=None, to_play=False):
-        self.eid = eid
-        self.traj = eid if traj is None else traj
-        self.rewards = torch.as_tensor(rewards, dtype=torch.float32)
-        self.T = len(rewards)
-        self.end = end  # "terminal" | "truncated" | "open"
-        t = torch.arange(self.T + 1, dtype=torch.float32)
-        self.obs = torch.stack([eid * 1000 + t, t], -1)
-        g = torch.Generator().manual_seed(eid)
-        self.actions = torch.randint(A, (self.T,), generator=g)
-        self.search_policy = torch.softmax(torch.randn(self.T, A, generator=g), -1)
-        self.root_value = torch.randn(self.T, generator=g)
-        self.to_play = (torch.arange(self.T + 1) % 2) if to_play else None
-
-    def chunk(self, t0, t1, one_hot=False):
-        n = t1 - t0
-        done = torch.zeros(n, 1, dtype=torch.bool)
-        term = torch.zeros(n, 1, dtype=torch.bool)
-        trunc = torch.zeros(n, 1, dtype=torch.bool)
-        if n and t1 == self.T and self.end != "open":
-            done[-1] = True
-            (term if self.end == "terminal" else trunc)[-1] = True
-        action = self.actions[t0:t1]
-        if one_hot:
-            action = nn.functional.one_hot(action, A)
-        td = TensorDict(
-            {
-                "observation": self.obs[t0:t1],
-                "action": action,
-                "search_policy": self.search_policy[t0:t1],
-                "root_value": self.root_value[t0:t1],
-                "policy_version": torch.full((n,), 7),
-                ("collector", "traj_ids"): torch.full((n,), self.traj),
-                ("next", "observation"): self.obs[t0 + 1 : t1 + 1],
-                ("next", "reward"): self.rewards[t0:t1].unsqueeze(-1),
-                ("next", "done"): done,
-                ("next", "terminated"): term,
-                ("next", "truncated"): trunc,
-            },
-            [n],
-        )
-        if self.to_play is not None:
-            td["to_play"] = self.to_play[t0:t1]
-            td["next", "to_play"] = self.to_play[t0 + 1 : t1 + 1]
-        return td
-
-    def full(self, **kw):
-        return self.chunk(0, self.T, **kw)
-
-
-def reference(ep, t, K, n, gamma, value_fn, two_player=False):
-    """Targets of root ``t`` of ``ep``, by the book (plain loops)."""
-    g = -gamma if two_player else gamma
-    T = ep.T
-    values, rewards, mask, pmask, actions = [], [], [], [], []
-    for k in range(K + 1):
-        p = t + k
-        if p <= T:
-            e = min(p + n, T)
-            z = sum(g ** (i - p) * float(ep.rewards[i]) for i in range(p, e))
-            if not (e == T and ep.end == "terminal"):
-                z += g ** (e - p) * value_fn(ep, e)
-            values.append(z)
-            rewards.append(float(ep.rewards[p - 1]) if k >= 1 else 0.0)
-            mask.append(True)
-            pmask.append(p < T)
-            actions.append(int(ep.actions[p]) if p < T else None)
-        else:
-            values.append(0.0)
-            rewards.append(0.0)
-            mask.append(ep.end == "terminal")
-            pmask.append(False)
-            actions.append(None)
-    return values, rewards, mask, pmask, actions
-
-
-class _FirstEntry:
-    """A 'support' whose decode reads the first logit: the stub's value is exact."""
-
-    @staticmethod
-    def decode(logits):
-        return logits[..., 0]
-
-
-class ValueStub(nn.Module):
-    """initial_inference's value is ``scale * observation[0] + shift``; counts its calls."""
-
-    def __init__(self, scale=0.001, shift=0.0):
-        super().__init__()
-        self.observation_shape = torch.Size([2])
-        self.num_actions = A
-        self.value_support = _FirstEntry()
-        self.scale, self.shift = scale, shift
-        self.dummy = nn.Parameter(torch.zeros(()))
-        self.batch_sizes = []
-
-    def value(self, ep, t):
-        return self.scale * float(ep.obs[t, 0]) + self.shift
-
-    def initial_inference(self, obs):
-        assert not torch.is_grad_enabled() and not self.training
-        self.batch_sizes.append(obs.shape[0])
-        b = obs.shape[0]
-        v = (self.scale * obs[:, :1].double() + self.shift).float()
-        return obs, torch.zeros(b, A), v
-
-
-def check_against_reference(batch, episodes, K, n, gamma, value_fn, two_player=False, policy_stored=True):
-    by_id = {ep.eid: ep for ep in episodes}
-    seen = set()
-    for b in range(batch.batch_size[0]):
-        eid, t = int(batch["observation"][b, 0, 0]) // 1000, int(batch["observation"][b, 0, 1])
-        ep = by_id[eid]
-        seen.add((eid, t))
-        values, rewards, mask, pmask, actions = reference(ep, t, K, n, gamma, value_fn, two_player)
-        torch.testing.assert_close(batch["target_value"][b], torch.tensor(values), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(batch["target_reward"][b], torch.tensor(rewards))
-        assert batch["mask"][b].tolist() == mask, (eid, t)
-        assert batch["policy_mask"][b].tolist() == pmask, (eid, t)
-        for k in range(K + 1):
-            if actions[k] is not None:
-                assert int(batch["action"][b, k]) == actions[k]
-            else:
-                assert 0 <= int(batch["action"][b, k]) < A
-            if pmask[k] and policy_stored:
-                torch.testing.assert_close(batch["target_policy"][b, k], ep.search_policy[t + k])
-    return seen
-
 
 # --------------------------------------------------------------------------- priority tree
 def test_priority_tree_matches_brute_force():
@@ -207,40 +73,13 @@ def test_value_targets_by_hand():
         value_targets(rewards[:, :3], plan, boot, 0.5, 2)
 
 
-# --------------------------------------------------------------------------- frames
-def test_frame_stack_round_trip_and_errors():
-    fs = FrameStack(3, dim=-1, padding="constant", padding_value=9)
-    assert fs.frame_shape((2, 6)) == torch.Size([2, 2])
-    frames = torch.arange(4 * 2 * 2).view(4, 2, 2)
-    hist = frames[torch.tensor([[0, 0, 1]])]
-    padded = torch.tensor([[True, False, False]])
-    obs = fs.rebuild(hist, padded)
-    expected = torch.cat([torch.full((2, 2), 9), frames[0], frames[1]], -1)
-    assert torch.equal(obs[0], expected)
-    assert torch.equal(fs.newest(obs)[0], frames[1])
-    start = torch.cat([torch.full((1, 2, 4), 9), frames[2:3]], -1)
-    assert fs.is_padded_start(start).tolist() == [True]
-    assert fs.is_padded_start(obs).tolist() == [False]
-    with pytest.raises(ValueError, match="not a multiple of frame_stack=3"):
-        fs.frame_shape((2, 7))
-    with pytest.raises(ValueError, match="negative"):
-        FrameStack(4, dim=0)
-    with pytest.raises(ValueError, match="padding"):
-        FrameStack(4, padding="zeros")
-
-
 # --------------------------------------------------------------------------- targets in the buffer
-def _buffer(**kw):
-    kw.setdefault("seed", 0)
-    kw.setdefault("alpha", 0.0)
-    return GameBuffer(kw.pop("capacity", 200), **kw)
-
 
 def test_terminal_targets_by_hand():
     """Episode o0..o4, rewards 1, 2, 3, 4, terminated; K = 2, n = 3, gamma = 0.5, v(o_t) = 10 + t."""
     ep = Episode(0, [1.0, 2.0, 3.0, 4.0], end="terminal")
     model = ValueStub(scale=1.0, shift=10.0)  # observation[0] = t for eid 0
-    buf = _buffer(num_unroll_steps=2, td_steps=3, discount=0.5, target_model=model)
+    buf = make_buffer(num_unroll_steps=2, td_steps=3, discount=0.5, target_model=model)
     buf.extend(ep.full())
     batch = buf.sample(64)
     expected = {
@@ -268,7 +107,7 @@ def test_truncation_bootstraps_by_hand():
     """Same episode truncated at o4: the last observation bootstraps; past it nothing is known."""
     ep = Episode(0, [1.0, 2.0, 3.0, 4.0], end="truncated")
     model = ValueStub(scale=1.0, shift=10.0)
-    buf = _buffer(num_unroll_steps=2, td_steps=3, discount=0.5, target_model=model)
+    buf = make_buffer(num_unroll_steps=2, td_steps=3, discount=0.5, target_model=model)
     buf.extend(ep.full())
     batch = buf.sample(64)
     expected = {
@@ -289,7 +128,7 @@ def test_td_steps_do_not_cross_into_the_next_episode():
     ep1 = Episode(1, [1.0, 1.0], end="terminal")
     ep2 = Episode(2, [5.0, 5.0, 5.0], end="open")
     stub = ValueStub()
-    buf = _buffer(num_unroll_steps=3, td_steps=4, discount=0.9, target_model=stub)
+    buf = make_buffer(num_unroll_steps=3, td_steps=4, discount=0.9, target_model=stub)
     buf.extend(torch.cat([ep1.full(), ep2.full()]))
     batch = buf.sample(100)
     seen = check_against_reference(batch, [ep1, ep2], 3, 4, 0.9, stub.value)
@@ -302,7 +141,7 @@ def test_td_steps_do_not_cross_into_the_next_episode():
 def test_two_player_signs_by_hand():
     # player 0 moves at t = 0 and 2 and wins (mover's reward +1 at the last move)
     ep = Episode(0, [0.0, 0.0, 1.0], end="terminal", to_play=True)
-    buf = _buffer(num_unroll_steps=2, td_steps=5, discount=1.0, two_player=True, target_model=ValueStub())
+    buf = make_buffer(num_unroll_steps=2, td_steps=5, discount=1.0, two_player=True, target_model=ValueStub())
     buf.extend(ep.full())
     batch = buf.sample(40)
     expected = {0: [1.0, -1.0, 1.0], 1: [-1.0, 1.0, 0.0], 2: [1.0, 0.0, 0.0]}
@@ -312,7 +151,7 @@ def test_two_player_signs_by_hand():
     # truncated, with a bootstrap: rewards 1, 2; v(o2) = 12; gamma = 0.5
     ep = Episode(0, [1.0, 2.0], end="truncated", to_play=True)
     stub = ValueStub(scale=1.0, shift=10.0)
-    buf = _buffer(num_unroll_steps=2, td_steps=5, discount=0.5, two_player=True, target_model=stub)
+    buf = make_buffer(num_unroll_steps=2, td_steps=5, discount=0.5, two_player=True, target_model=stub)
     buf.extend(ep.full())
     batch = buf.sample(40)
     expected = {0: [1 - 0.5 * 2 + 0.25 * 12, 2 - 0.5 * 12, 12.0], 1: [2 - 0.5 * 12, 12.0, 0.0]}
@@ -324,7 +163,7 @@ def test_two_player_signs_by_hand():
 
 def test_stored_root_values_without_a_model():
     ep = Episode(3, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], end="terminal")
-    buf = _buffer(num_unroll_steps=1, td_steps=2, discount=0.5)
+    buf = make_buffer(num_unroll_steps=1, td_steps=2, discount=0.5)
     buf.extend(ep.full())
     batch = buf.sample(64)
     check_against_reference(batch, [ep], 1, 2, 0.5, lambda e, t: float(e.root_value[t]))
@@ -341,7 +180,7 @@ def test_interleaved_worker_chunks_match_the_reference():
     ]
     cuts = {1: [0, 3, 6, 9], 2: [0, 4, 5, 7], 3: [0, 2, 8, 12], 4: [0, 5, 5, 5]}
     stub = ValueStub()
-    buf = _buffer(num_unroll_steps=3, td_steps=3, discount=0.8, target_model=stub)
+    buf = make_buffer(num_unroll_steps=3, td_steps=3, discount=0.8, target_model=stub)
     for part in range(3):
         chunks = [ep.chunk(cuts[ep.eid][part], cuts[ep.eid][part + 1]) for ep in episodes]
         chunks = [c for c in chunks if c.numel()]
@@ -364,7 +203,7 @@ def test_interleaved_worker_chunks_match_the_reference():
 
 def test_one_hot_actions_and_future_observations():
     ep = Episode(5, [1.0, 0.0, 2.0], end="terminal")
-    buf = _buffer(num_unroll_steps=3, td_steps=1, with_future_observations=True)
+    buf = make_buffer(num_unroll_steps=3, td_steps=1, with_future_observations=True)
     buf.extend(ep.full(one_hot=True))
     batch = buf.sample(30)
     for b in range(30):
@@ -375,7 +214,7 @@ def test_one_hot_actions_and_future_observations():
             assert bool(batch["observation_mask"][b, k])
             if t + k < ep.T:
                 assert int(batch["action"][b, k]) == int(ep.actions[t + k])
-    off = _buffer(num_unroll_steps=3, td_steps=1)
+    off = make_buffer(num_unroll_steps=3, td_steps=1)
     off.extend(ep.full())
     batch = off.sample(5)
     assert batch["observation"][:, 1:].abs().sum() == 0
@@ -394,7 +233,7 @@ def test_reanalyze_uses_the_model_in_one_batched_call():
     cfg = MCTSConfig(num_simulations=8, dirichlet_fraction=0.0)
 
     def run(model, target, ratio):
-        buf = _buffer(num_unroll_steps=2, td_steps=3, reanalyze_ratio=ratio, mcts_config=cfg,
+        buf = make_buffer(num_unroll_steps=2, td_steps=3, reanalyze_ratio=ratio, mcts_config=cfg,
                       reanalyze_noise=False, seed=4)
         buf.extend(ep.full())
         return buf.sample(16, model=model, target_model=target)
@@ -515,283 +354,16 @@ def test_eviction_of_a_running_trajectory_keeps_the_rest_consistent():
     assert min(ts) >= 40 - 16 and max(ts) == 39
 
 
-# --------------------------------------------------------------------------- frames through CatFrames
-def _pixel_env(padding, seed):
-    from torchrl.data import Bounded, Composite, OneHot, Unbounded
-    from torchrl.envs import CatFrames, Compose, EnvBase, StepCounter, TransformedEnv
-
-    class FakePixels(EnvBase):
-        def __init__(self):
-            super().__init__(batch_size=[])
-            self.observation_spec = Composite(pixels=Bounded(0, 255, shape=(1, 6, 5), dtype=torch.uint8))
-            self.action_spec = OneHot(A)
-            self.reward_spec = Unbounded(shape=(1,))
-            self.rng = torch.Generator().manual_seed(seed)
-
-        def _frame(self):
-            return torch.randint(0, 256, (1, 6, 5), dtype=torch.uint8, generator=self.rng)
-
-        def _reset(self, td):
-            return TensorDict({"pixels": self._frame()}, [])
-
-        def _step(self, td):
-            term = (torch.rand((), generator=self.rng) < 0.1).view(1)
-            return TensorDict({"pixels": self._frame(), "reward": torch.randn(1, generator=self.rng),
-                               "done": term, "terminated": term}, [])
-
-        def _set_seed(self, s):
-            return s
-
-    return TransformedEnv(
-        FakePixels(),
-        Compose(StepCounter(13), CatFrames(N=4, dim=-3, in_keys=["pixels"], padding=padding, padding_value=7)),
-    )
-
-
-class _FakeSearchPolicy(nn.Module):
-    """Random actions; writes a fake search policy and a root value that numbers the steps."""
-
-    def __init__(self, num_actions=A):
-        super().__init__()
-        self.count = 0
-        self.num_actions = num_actions
-
-    def forward(self, td):
-        b = td.batch_size
-        n = b.numel()
-        a = self.num_actions
-        td["action"] = nn.functional.one_hot(torch.randint(a, b), a)
-        td["search_policy"] = torch.full((*b, a), 1.0 / a)
-        td["root_value"] = torch.arange(self.count, self.count + n, dtype=torch.float32).view(b)
-        self.count += n
-        return td
-
-
-@pytest.mark.parametrize("padding,capacity", [("same", 1000), ("constant", 1000), ("same", 70)])
-def test_deduplicated_frames_rebuild_catframes_stacks(padding, capacity):
-    from torchrl.collectors import Collector
-    from torchrl.envs import SerialEnv
-
-    env = SerialEnv(2, lambda: _pixel_env(padding, 0))
-    env.set_seed(0)
-    policy = _FakeSearchPolicy()
-    collector = Collector(env, policy, frames_per_batch=40, total_frames=160)
-    buf = GameBuffer(capacity, num_unroll_steps=1, td_steps=1, observation_key="pixels", frame_stack=4,
-                     frame_padding=padding, frame_padding_value=7, alpha=0.0, with_future_observations=True, seed=0)
-    originals = []
-    for batch in collector:
-        originals.append(batch.reshape(-1).clone())
-        buf.extend(batch)
-    collector.shutdown()
-    data = torch.cat(originals)
-    by_id = {int(v): i for i, v in enumerate(data["root_value"])}
-    rows = buf[torch.arange(min(capacity, buf.write_count))]
-    if capacity < 160:
-        assert buf.num_rows <= capacity < buf.write_count  # rows were evicted
-        # every sampleable step rebuilds the exact CatFrames stack
-        sampleable = buf._tree.leaves > 0
-        for r in sampleable.nonzero().squeeze(-1).tolist():
-            assert torch.equal(rows["observation"][r], data["pixels"][by_id[int(rows["root_value"][r])]])
-        sample = buf.sample(100)
-        for b in range(100):
-            i = by_id[int(rows["root_value"][int(sample["index"][b, 0])])]
-            assert torch.equal(sample["observation"][b, 0], data["pixels"][i])
-            assert torch.equal(sample["observation"][b, 1], data["next", "pixels"][i])
-        return
-    assert len(buf) == 160
-    # every stored step rebuilds the exact CatFrames stack, and so does its next observation
-    steps = rows["is_step"]
-    for r in steps.nonzero().squeeze(-1).tolist():
-        i = by_id[int(rows["root_value"][r])]
-        assert torch.equal(rows["observation"][r], data["pixels"][i])
-    sample = buf.sample(200)
-    for b in range(200):
-        slot = int(sample["index"][b, 0])
-        i = by_id[int(rows["root_value"][slot])]
-        assert torch.equal(sample["observation"][b, 0], data["pixels"][i])
-        assert torch.equal(sample["observation"][b, 1], data["next", "pixels"][i])
-    # frames stored once: one row per transition, plus one per finished episode and running trajectory
-    finished = int(data["next", "done"].sum())
-    running = sum(int(not bool(b.reshape(2, -1)[e, -1]["next", "done"])) for b in originals[-1:] for e in range(2))
-    assert buf.num_rows == len(buf) + finished + running
-
-
-def _stacked_stream(T, seed=0, shape=(1, 3, 3)):
-    """A CatFrames(N=4, dim=-3, padding="same") stack of T + 1 random frames (one episode)."""
-    frames = torch.randint(0, 256, (T + 1, *shape), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
-    return torch.cat([frames[(torch.arange(T + 1) - j).clamp_min(0)] for j in (3, 2, 1, 0)], 1)
-
-
-def _pixel_chunk(stacks, t0, t1, traj, done_at_end=False):
-    n = t1 - t0
-    done = torch.zeros(n, 1, dtype=torch.bool)
-    done[-1] = done_at_end
-    return TensorDict({
-        "pixels": stacks[t0:t1], ("next", "pixels"): stacks[t0 + 1 : t1 + 1],
-        "action": torch.zeros(n, dtype=torch.long), "search_policy": torch.full((n, 2), 0.5),
-        "root_value": torch.arange(t0, t1, dtype=torch.float32), ("collector", "traj_ids"): torch.full((n,), traj),
-        ("next", "reward"): torch.zeros(n, 1), ("next", "done"): done, ("next", "terminated"): done}, [n])
-
-
-def test_rows_whose_frame_history_was_evicted_are_not_sampled():
-    stacks = _stacked_stream(30)
-    buf = GameBuffer(12, observation_key="pixels", frame_stack=4, num_unroll_steps=1, td_steps=1, alpha=0.0, seed=0)
-    buf.extend(_pixel_chunk(stacks, 0, 5, traj=0))  # rows: t = 0..4 and the pending t = 5
-    buf.extend(_pixel_chunk(stacks, 5, 10, traj=0))  # completes t = 5; rows t = 6..10
-    assert len(buf) == 10 and buf.num_sampleable == 10
-    buf.extend(_pixel_chunk(stacks, 10, 15, traj=0))  # 5 rows: overwrites t = 0..4; whole segment goes
-    # t = 5 belonged to the first segment (its pending last row): evicted with it, so the
-    # trajectory now starts at t = 6, whose stack needs t = 3..5: t = 6, 7, 8 cannot be roots
-    rows = buf[torch.arange(12)]
-    live = rows["alive"] & rows["is_step"]
-    assert sorted(rows["root_value"][live].long().tolist()) == list(range(6, 15))
-    sample = buf.sample(200)
-    t = buf[sample["index"][:, 0]]["root_value"].long()
-    assert set(t.tolist()) == set(range(9, 15))
-    assert torch.equal(sample["observation"][:, 0], stacks[t])
-    assert buf.num_sampleable == 6
-
-
-def test_trajectory_continuing_after_its_stored_rows_were_evicted():
-    a, b = _stacked_stream(12, seed=1), _stacked_stream(12, seed=2)
-    buf = GameBuffer(20, observation_key="pixels", frame_stack=4, num_unroll_steps=1, td_steps=1, alpha=0.0, seed=0,
-                     with_future_observations=True)
-    buf.extend(_pixel_chunk(a, 0, 4, traj=0))  # 5 rows, A's newest observation t = 4 pending
-    buf.extend(_pixel_chunk(b, 0, 9, traj=1))  # 10 rows
-    buf.extend(_pixel_chunk(b, 9, 12, traj=1, done_at_end=True))  # 3 rows (first one completes B's t = 9)
-    buf.extend(_pixel_chunk(b[:5], 0, 4, traj=2))  # 5 rows: A's segment (and its pending row) is evicted
-    assert 0 not in buf._open
-    buf.extend(_pixel_chunk(a, 4, 10, traj=0))  # A continues without its history: 7 rows
-    rows = buf[torch.arange(20)]
-    a_live = rows["alive"] & rows["is_step"] & (rows["traj_id"] == 0)
-    assert sorted(rows["root_value"][a_live].long().tolist()) == list(range(4, 10))
-    sample = buf.sample(300)
-    got = buf[sample["index"][:, 0]]
-    is_a = got["traj_id"] == 0
-    t = got["root_value"].long()
-    assert set(t[is_a].tolist()) == set(range(7, 10))  # t = 4, 5, 6 lack frames t = 1..3
-    assert torch.equal(sample["observation"][is_a, 0], a[t[is_a]])
-    assert torch.equal(sample["observation"][is_a, 1], a[t[is_a] + 1])
-
-
-def test_bytes_per_atari_transition():
-    """84x84 uint8 frames stacked by 4: at most 1.05 frames' bytes per stored transition."""
-    T, n_env = 250, 4
-    buf = GameBuffer(4 * (T + 1), observation_key="pixels", frame_stack=4, num_unroll_steps=5, td_steps=5, seed=0)
-    frames = torch.randint(0, 256, (T + 1, 1, 84, 84), dtype=torch.uint8)
-    stacks = torch.cat([frames[(torch.arange(T + 1) - j).clamp_min(0)] for j in (3, 2, 1, 0)], 1)
-    for env in range(n_env):
-        done = torch.zeros(T, 1, dtype=torch.bool)
-        done[-1] = True
-        buf.extend(TensorDict({
-            "pixels": stacks[:-1], ("next", "pixels"): stacks[1:], "action": torch.zeros(T, dtype=torch.long),
-            "search_policy": torch.full((T, 6), 1 / 6), "root_value": torch.arange(T, dtype=torch.float32),
-            ("collector", "traj_ids"): torch.full((T,), env), ("next", "reward"): torch.zeros(T, 1),
-            ("next", "done"): done, ("next", "terminated"): done}, [T]))
-    assert len(buf) == 4 * T and buf.num_rows == buf.capacity  # full: one extra row per episode
-    per_transition = buf.nbytes() / len(buf)
-    assert per_transition <= 1.05 * 84 * 84, per_transition
-    sample = buf.sample(16)
-    t = buf[sample["index"][:, 0]]["root_value"].long()
-    assert torch.equal(sample["observation"][:, 0], stacks[t])
-
-
-# --------------------------------------------------------------------------- a real collector
-def test_real_cartpole_collector_batches():
-    from torchrl.collectors import Collector
-    from torchrl.envs import GymEnv, SerialEnv
-
-    env = SerialEnv(3, lambda: GymEnv("CartPole-v1"))
-    env.set_seed(0)
-    policy = _FakeSearchPolicy(num_actions=2)
-    collector = Collector(env, policy, frames_per_batch=60, total_frames=240)
-    buf = GameBuffer(1000, num_unroll_steps=3, td_steps=4, discount=0.9, alpha=0.0, seed=0,
-                     with_future_observations=True)
-    batches = []
-    for batch in collector:
-        assert batch.batch_size == (3, 20)
-        batches.append(batch.reshape(-1).clone())
-        buf.extend(batch)
-    collector.shutdown()
-    data = torch.cat(batches)
-    assert len(buf) == 240
-    by_id = {int(v): i for i, v in enumerate(data["root_value"])}
-    out = buf.sample(128)
-    rows = buf[out["index"][:, 0]]
-    for b in range(128):
-        i = by_id[int(rows["root_value"][b])]
-        assert torch.equal(out["observation"][b, 0], data["observation"][i])
-        if out["observation_mask"][b, 1]:
-            assert torch.equal(out["observation"][b, 1], data["next", "observation"][i])
-    assert (out["weight"] == 1).all()
-    assert out["target_policy"][out["policy_mask"]].sum(-1).allclose(torch.ones(1))
-    # value / reward targets against the reference, on trajectories rebuilt from the raw batches
-    episodes = _episodes_from_rollouts(data)
-    where = {}
-    for ep in episodes:
-        for t, i in enumerate(ep.rows):
-            where[i] = (ep, t)
-    stub = ValueStub(scale=1.0)
-    batch = buf.sample(128, target_model=stub)
-    for b in range(128):
-        ep, t = where[by_id[int(buf[batch["index"][b, 0]]["root_value"])]]
-        values, rewards, mask, pmask, _ = reference(ep, t, 3, 4, 0.9, lambda e, j: float(e.obs[j, 0]))
-        torch.testing.assert_close(batch["target_value"][b], torch.tensor(values), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(batch["target_reward"][b], torch.tensor(rewards))
-        assert batch["mask"][b].tolist() == mask and batch["policy_mask"][b].tolist() == pmask
-
-
-class _Trajectory:
-    """A trajectory rebuilt from raw collector rows, shaped like :class:`Episode` for ``reference``."""
-
-    def __init__(self, data, rows):
-        self.rows = rows.tolist()
-        self.T = len(self.rows)
-        self.rewards = data["next", "reward"][rows, 0]
-        self.obs = torch.cat([data["observation"][rows], data["next", "observation"][rows[-1:]]])
-        last = rows[-1]
-        if bool(data["next", "terminated"][last]):
-            self.end = "terminal"
-        elif bool(data["next", "done"][last]):
-            self.end = "truncated"
-        else:
-            self.end = "open"
-        self.actions = data["action"][rows].argmax(-1)
-
-
-def _episodes_from_rollouts(data):
-    traj = data["collector", "traj_ids"]
-    return [_Trajectory(data, (traj == tid).nonzero().squeeze(-1)) for tid in traj.unique().tolist()]
-
-
-def test_samples_feed_muzero_loss():
-    from torchrl_muzero.modules import MuZeroMLPModel
-
-    try:
-        from torchrl_muzero.objectives import MuZeroLoss
-    except ImportError:  # pragma: no cover
-        pytest.skip("MuZeroLoss not available")
-    torch.manual_seed(0)
-    model = MuZeroMLPModel((2,), A, latent_dim=8, hidden_dim=8)
-    buf = _buffer(num_unroll_steps=3, td_steps=2, with_future_observations=True, target_model=model, alpha=0.6)
-    buf.extend(torch.cat([Episode(1, [1.0] * 6).full(), Episode(2, [1.0] * 4, end="truncated").full()]))
-    batch = buf.sample(16)
-    out = MuZeroLoss(model, consistency_loss_weight=2.0)(batch)
-    sum(v for k, v in out.items() if k.startswith("loss_")).backward()
-    assert buf.update_priority(batch).all()  # the loss left "priority" in the batch
-    assert torch.allclose(buf._tree[batch["index"][:, 0]].float(), (out["priority"] + 1e-6) ** 0.6)
-
-
 # --------------------------------------------------------------------------- state
 def test_save_load_resumes_exactly(tmp_path):
     ep1, ep2 = Episode(1, [1.0] * 8, end="open"), Episode(2, [2.0] * 5, end="terminal")
-    buf = _buffer(num_unroll_steps=2, td_steps=2, alpha=0.6, seed=3)
+    buf = make_buffer(num_unroll_steps=2, td_steps=2, alpha=0.6, seed=3)
     buf.extend(torch.cat([ep1.chunk(0, 4), ep2.full()]))
     batch = buf.sample(8)
     buf.update_priority(batch["index"], torch.rand(8), batch["stamp"])
     path = tmp_path / "buffer.pt"
     buf.save(path)
-    other = _buffer(num_unroll_steps=2, td_steps=2, alpha=0.6, seed=99)
+    other = make_buffer(num_unroll_steps=2, td_steps=2, alpha=0.6, seed=99)
     other.load(path)
     a, b = buf.sample(16), other.sample(16)
     assert (a == b).all()
@@ -803,21 +375,21 @@ def test_save_load_resumes_exactly(tmp_path):
 
 
 def test_load_rejects_corrupt_and_mismatched_files(tmp_path):
-    buf = _buffer(capacity=50)
+    buf = make_buffer(capacity=50)
     buf.extend(Episode(1, [1.0] * 3).full())
     good = tmp_path / "good.pt"
     buf.save(good)
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(good.read_bytes()[:100])
     with pytest.raises(ValueError, match="corrupt.pt"):
-        _buffer(capacity=50).load(corrupt)
+        make_buffer(capacity=50).load(corrupt)
     with pytest.raises(ValueError, match=r"good.pt.*capacity: saved 50 vs buffer 60"):
-        _buffer(capacity=60).load(good)
+        make_buffer(capacity=60).load(good)
     torch.save({"something": 1}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="other.pt.*not a GameBuffer"):
-        _buffer(capacity=50).load(tmp_path / "other.pt")
+        make_buffer(capacity=50).load(tmp_path / "other.pt")
     with pytest.raises(FileNotFoundError, match="missing.pt"):
-        _buffer(capacity=50).load(tmp_path / "missing.pt")
+        make_buffer(capacity=50).load(tmp_path / "missing.pt")
 
 
 # --------------------------------------------------------------------------- bad input
@@ -829,7 +401,7 @@ def test_clear_errors_on_bad_input():
         GameBuffer(10, td_steps=0)
     with pytest.raises(ValueError, match="reanalyze_ratio"):
         GameBuffer(10, reanalyze_ratio=1.5)
-    buf = _buffer()
+    buf = make_buffer()
     with pytest.raises(RuntimeError, match="no transition"):
         buf.sample(4)
     with pytest.raises(KeyError, match="search_policy"):
@@ -847,9 +419,9 @@ def test_clear_errors_on_bad_input():
     with pytest.raises(ValueError, match="trajectory id 3 continues, but its first observation differs"):
         buf.extend(Episode(3, [1.0] * 4, end="open").chunk(1, 3))
     with pytest.raises(ValueError, match="more than the buffer's capacity"):
-        _buffer(capacity=5).extend(Episode(4, [1.0] * 6).full())
+        make_buffer(capacity=5).extend(Episode(4, [1.0] * 6).full())
     with pytest.raises(ValueError, match="needs a model"):
-        b2 = _buffer(reanalyze_ratio=0.5)
+        b2 = make_buffer(reanalyze_ratio=0.5)
         b2.extend(ep.full())
         b2.sample(4)
     with pytest.raises(ValueError, match="batch_size"):
