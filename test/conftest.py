@@ -48,13 +48,15 @@ GROUPS = {
 
 # Tests whose pass mark depends on a fixed number of seconds of CPU run alone: the other worker waits
 # before its next test (it finishes the one it runs), so they see the machine as a one-process run did.
-# Every bad command line must be rejected within 20 s (the module's cases all run in the first test's
-# setup); a killed worker must stop the run within 10 s. The CartPole learning tests (test_learning.py)
+# A killed worker must stop the run within 10 s. The CartPole learning tests (test_learning.py)
 # only stop at 150 s and stop early once past the bar (63 s at most on a quiet machine): they run one
 # after the other in their group, next to the other worker's tests. Tic-tac-toe's self-play test is
 # neither: it trains for a number of env steps, and the sync trainer is deterministic given its seed.
+# A fixture whose work has such a pass mark takes the machine for that work only, through the
+# `machine_alone` fixture: every bad command line must be rejected within 20 s, and test_bad_inputs.py
+# runs all its cases in one module fixture; its 39 tests then only read the results. (Listing those
+# tests here made each one wait for the other worker's current test: minutes of one test at a time.)
 ALONE = {
-    "test_bad_inputs.py::test_bad_input_fails_in_one_line",
     # a killed worker or actor must stop the run within 10 s (10.1 s and 10.8 s seen next to another test)
     "test_algorithms.py::test_async_dead_collector_stops_the_run",
     "test_trainers.py::test_dead_worker_stops_the_run_within_10s",
@@ -103,27 +105,80 @@ def pytest_xdist_make_scheduler(config, log):
     return GroupScheduling(config, log)
 
 
+class _MachineLock:
+    """The run's lock, shared by every test of both workers, exclusive for a test of ``ALONE``.
+
+    A gate (a second lock, held while taking the first) keeps a waiting exclusive holder from being
+    overtaken by the other worker's next tests.
+    """
+
+    def __init__(self, base: str) -> None:
+        self._gate = open(f"{base}.gate", "a")
+        self._lock = open(f"{base}.lock", "a")
+        self.exclusive = False
+
+    def take(self, exclusive: bool) -> None:
+        import fcntl
+
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+        self.exclusive = exclusive
+
+    def release(self) -> None:
+        import fcntl
+
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+
+
+_machine_lock: _MachineLock | None = None  # this worker's; None outside xdist
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     """In an xdist worker: a test of ``ALONE`` holds the run's lock exclusively, any other test shares it."""
+    global _machine_lock
     if not hasattr(item.config, "workerinput") or not item.config.option.basetemp:
         yield
         return
-    import fcntl
+    if _machine_lock is None:
+        # the workers' temporary folders are <the run's folder>/popen-gwN; pytest removes old runs' folders
+        _machine_lock = _MachineLock(os.path.join(
+            os.path.dirname(os.path.abspath(item.config.option.basetemp)), "torchrl_muzero_alone"))
+    _machine_lock.take(exclusive=bool(_lookup(ALONE, item.nodeid)))
+    try:
+        yield
+    finally:
+        _machine_lock.release()
 
-    # the workers' temporary folders are <the run's folder>/popen-gwN; pytest removes old runs' folders
-    base = os.path.join(os.path.dirname(os.path.abspath(item.config.option.basetemp)), "torchrl_muzero_alone")
-    # the gate keeps a waiting exclusive test from being overtaken by the other worker's next tests
-    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if _lookup(ALONE, item.nodeid) else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
+
+@pytest.fixture(scope="session")
+def machine_alone():
+    """A context manager: its block runs with the other xdist worker idle (it finishes its current test first).
+
+    For a fixture whose work has a pass mark in seconds (test_bad_inputs.py runs every case in one
+    module fixture): only that work takes the machine, not each test that reads its results. Inside
+    a test of ``ALONE``, or outside xdist, the block just runs.
+    """
+    import contextlib
+
+    @contextlib.contextmanager
+    def alone():
+        lock = _machine_lock
+        if lock is None or lock.exclusive:
+            yield
+            return
+        lock.release()  # the test's shared hold, taken back below so the protocol's release matches
+        lock.take(exclusive=True)
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.release()
+            lock.take(exclusive=False)
+
+    return alone
 
 
 # -- a test leaves the test process as it found it ----------------------------------------------

@@ -123,11 +123,15 @@ def _run_case(case, root: Path, workdir: Path):
 
 
 @pytest.fixture(scope="module")
-def outcomes(targets, tmp_path_factory):
-    """Every case run once, two at a time (the machine has two cores); with the run folders' digests."""
+def outcomes(targets, tmp_path_factory, machine_alone):
+    """Every case run once, two at a time (the machine has two cores); with the run folders' digests.
+
+    The cases run with the other test worker idle (``machine_alone``, conftest.py): each must be
+    rejected within 20 s, as on a machine running nothing else.
+    """
     before = {case[0]: _folder_digest(targets / case[4]) for case in CASES if case[4]}
     workdirs = {case[0]: tmp_path_factory.mktemp(case[0]) for case in CASES}
-    with ThreadPoolExecutor(2) as pool:
+    with machine_alone(), ThreadPoolExecutor(2) as pool:
         results = dict(zip([c[0] for c in CASES],
                            pool.map(lambda c: _run_case(c, targets, workdirs[c[0]]), CASES)))
     after = {case[0]: _folder_digest(targets / case[4]) for case in CASES if case[4]}
