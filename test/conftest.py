@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 # Ray (used only for multi-node runs) must stay on loopback in CI: without these, ray.init()
@@ -132,6 +133,20 @@ class _MachineLock:
 
         fcntl.flock(self._lock, fcntl.LOCK_UN)
 
+    @contextlib.contextmanager
+    def alone(self):
+        """Within a test's shared hold: the block holds the lock exclusively, then the shared hold is back."""
+        if self.exclusive:  # a test of ``ALONE`` has the machine already
+            yield
+            return
+        self.release()
+        self.take(exclusive=True)
+        try:
+            yield
+        finally:
+            self.release()
+            self.take(exclusive=False)  # the protocol's release at the test's end matches this hold
+
 
 _machine_lock: _MachineLock | None = None  # this worker's; None outside xdist
 
@@ -162,23 +177,7 @@ def machine_alone():
     module fixture): only that work takes the machine, not each test that reads its results. Inside
     a test of ``ALONE``, or outside xdist, the block just runs.
     """
-    import contextlib
-
-    @contextlib.contextmanager
-    def alone():
-        lock = _machine_lock
-        if lock is None or lock.exclusive:
-            yield
-            return
-        lock.release()  # the test's shared hold, taken back below so the protocol's release matches
-        lock.take(exclusive=True)
-        try:
-            yield
-        finally:
-            lock.release()
-            lock.take(exclusive=False)
-
-    return alone
+    return lambda: contextlib.nullcontext() if _machine_lock is None else _machine_lock.alone()
 
 
 # -- a test leaves the test process as it found it ----------------------------------------------
