@@ -20,6 +20,7 @@ import torch
 from torchrl.data import LazyTensorStorage
 
 from torchrl_muzero.data.rollout_reader import RowSpec
+from torchrl_muzero.durable_files import UnreadableFile, atomic_torch_save, read_tensors_file
 
 if TYPE_CHECKING:
     from torchrl_muzero.data.game_buffer import GameBuffer
@@ -105,8 +106,9 @@ def load_buffer_state(buffer: "GameBuffer", state: dict, source: str = "state_di
 
 
 def save_buffer(buffer: "GameBuffer", path: str | os.PathLike) -> None:
-    """Write :func:`buffer_state_dict` to ``path`` (``torch.save``)."""
-    torch.save(buffer_state_dict(buffer), path)
+    """Write :func:`buffer_state_dict` to ``path`` (``torch.save``), durably and atomically: a crash while
+    writing leaves the previous file whole (:func:`~torchrl_muzero.durable_files.atomic_write`)."""
+    atomic_torch_save(buffer_state_dict(buffer), path)
 
 
 def load_buffer_file(buffer: "GameBuffer", path: str | os.PathLike) -> None:
@@ -120,7 +122,7 @@ def load_buffer_file(buffer: "GameBuffer", path: str | os.PathLike) -> None:
     if not os.path.exists(path):
         raise FileNotFoundError(f"no GameBuffer checkpoint at {path!r}.")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain containers only
-    except Exception as err:  # truncated / garbage files raise many different errors
-        raise ValueError(f"cannot read GameBuffer checkpoint {path!r}: {type(err).__name__}: {err}") from err
+        state = read_tensors_file(path)  # tensors and plain containers only: no code runs
+    except UnreadableFile as err:  # truncated / garbage files, a pickled object that could run code, ...
+        raise ValueError(f"cannot read GameBuffer checkpoint {path!r}: {err}") from err
     load_buffer_state(buffer, state, source=f"GameBuffer checkpoint {path!r}")

@@ -115,7 +115,12 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     from torchrl_muzero.trainers.builders import algorithm, mcts_config
 
-    model, cfg = load_run_model(args.run_dir, args.checkpoint)
+    from torchrl_muzero.trainers.checkpoint import CheckpointError
+
+    try:
+        model, cfg = load_run_model(args.run_dir, args.checkpoint)
+    except CheckpointError as err:  # missing, corrupt, or holding pickled code: one line, exit 2
+        parser.exit(2, f"error: {err}\n")
     sims = args.simulations or cfg.eval.num_simulations or cfg.mcts.num_simulations
     scores, stats = evaluate_board(model, mcts_config(cfg, temperature=0.0, num_simulations=sims),
                                    args.games, args.seed, search_fn=algorithm(cfg).search_fn)

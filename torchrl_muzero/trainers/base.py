@@ -1,13 +1,13 @@
 """What the sync and async trainers share: run folder, resume, checkpoints, stop rules, faults."""
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
 
 import torch
 
+from torchrl_muzero.durable_files import atomic_write_json
 from torchrl_muzero.envs import env_spaces, make_env
 from torchrl_muzero.trainers.bounded_call import call_within
 from torchrl_muzero.trainers.builders import build_buffer, build_model, resolve_device
@@ -114,8 +114,7 @@ class TrainerBase:
             self.run_dir, cfg.logger.backend, cfg.logger.project, cfg.logger.progress_bar, cfg.train.total_env_steps
         )
         self.metrics.wall_offset = wall_offset
-        with open(self.run_dir / "config.json", "w") as f:
-            json.dump(config_to_dict(cfg), f, indent=2)
+        atomic_write_json(self.run_dir / "config.json", config_to_dict(cfg))
 
     # -- checkpoints ------------------------------------------------------
     def _counters(self) -> dict:
@@ -302,8 +301,7 @@ class TrainerBase:
             self.metrics.close()
             summary = {"status": status, "exit_code": EXIT_CODES[status], "reason": self.stop_reason,
                        **self._counters(), "run_dir": str(self.run_dir)}
-            with open(self.run_dir / "summary.json", "w") as f:
-                json.dump(summary, f, indent=2)
+            atomic_write_json(self.run_dir / "summary.json", summary)
         msg = f"torchrl_muzero: run stopped ({status}): {self.stop_reason}. Run folder: {self.run_dir}"
         if status == "nan":
             msg += f"; last good checkpoint: {self.ckpt_dir / 'last.pt'}"
