@@ -1,6 +1,6 @@
 """Time LightZero 0.2.0's C++ trees on the exported benchmark case (runs in the LightZero venv).
 
-    /work/peers/lz/bin/python benchmarks/peers/lightzero_search.py --case /tmp/torchrl_muzero_peer_case.npz
+    $TORCHRL_MUZERO_PEERS_DIR/lz/bin/python benchmarks/peers/lightzero_search.py --case /tmp/torchrl_muzero_peer_case.npz
 
 The network of ``export_case.py`` is rebuilt in torch (LightZero's own
 dependency) with the interface LightZero's search drivers call:

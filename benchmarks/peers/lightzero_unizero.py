@@ -1,6 +1,6 @@
 """LightZero 0.2.0's UniZero search timed on our CartPole UniZero sizes (runs in the LightZero venv).
 
-    /work/peers/lz/bin/python -W ignore benchmarks/peers/lightzero_unizero.py 1 8 64
+    $TORCHRL_MUZERO_PEERS_DIR/lz/bin/python -W ignore benchmarks/peers/lightzero_unizero.py 1 8 64
 
 LightZero's own CartPole UniZero config (embed 64, 2 layers, 2 heads, RoPE,
 context 4 steps, max_blocks 10, 101-bin supports: the sizes of

@@ -1,6 +1,6 @@
 """Time mctx's search policies on the exported benchmark case (runs in the mctx venv: jax[cpu] + mctx).
 
-    /work/peers/mctx/bin/python benchmarks/peers/mctx_search.py --case /tmp/torchrl_muzero_peer_case.npz
+    $TORCHRL_MUZERO_PEERS_DIR/mctx/bin/python benchmarks/peers/mctx_search.py --case /tmp/torchrl_muzero_peer_case.npz
 
 The network of ``export_case.py`` is rebuilt in jax.numpy and checked against
 ours. Each policy is jitted whole (``jax.jit`` of ``mctx.<policy>`` with the

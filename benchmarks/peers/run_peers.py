@@ -7,8 +7,9 @@ Run from the repository's venv (the peers run in their own venvs, see DEVELOPERS
 
 It exports the case (``export_case.py``), times our search on it in this
 process, then runs ``lightzero_search.py`` with ``$TORCHRL_MUZERO_LZ_PYTHON``
-(default ``/work/peers/lz/bin/python``) and ``mctx_search.py`` with
-``$TORCHRL_MUZERO_MCTX_PYTHON`` (default ``/work/peers/mctx/bin/python``) as
+(default ``$TORCHRL_MUZERO_PEERS_DIR/lz/bin/python``) and ``mctx_search.py`` with
+``$TORCHRL_MUZERO_MCTX_PYTHON`` (default ``$TORCHRL_MUZERO_PEERS_DIR/mctx/bin/python``; the folder
+defaults to ``torchrl_muzero_peers`` under the temp folder) as
 subprocesses, and prints one table of searches/s (the median of the rounds;
 one search = one root; 50 simulations, 6 actions, root noise on, one thread).
 A peer whose python is missing or cannot import its package is skipped with a
@@ -57,10 +58,13 @@ import torch  # noqa: E402
 
 import export_case  # noqa: E402
 
+#: where DEVELOPERS.md installs the peers' venvs (no path of one machine: a variable, a temp-folder default)
+PEERS_DIR = os.environ.get("TORCHRL_MUZERO_PEERS_DIR", os.path.join(tempfile.gettempdir(), "torchrl_muzero_peers"))
 PEERS = {
-    "lightzero": ("TORCHRL_MUZERO_LZ_PYTHON", "/work/peers/lz/bin/python", "lightzero_search.py",
+    "lightzero": ("TORCHRL_MUZERO_LZ_PYTHON", os.path.join(PEERS_DIR, "lz", "bin", "python"), "lightzero_search.py",
                   "from lzero.mcts.ctree.ctree_muzero import mz_tree"),
-    "mctx": ("TORCHRL_MUZERO_MCTX_PYTHON", "/work/peers/mctx/bin/python", "mctx_search.py", "import mctx, jax"),
+    "mctx": ("TORCHRL_MUZERO_MCTX_PYTHON", os.path.join(PEERS_DIR, "mctx", "bin", "python"), "mctx_search.py",
+             "import mctx, jax"),
 }
 
 
