@@ -71,7 +71,7 @@ def muzero_reanalyze(config: Any, search: Callable[..., Any] | None = None) -> R
                      add_noise=add_noise, generator=generator, **extra)
         return result.search_policy
 
-    search_policy.config = config  # for inspection only
+    search_policy.config = config  # for inspection, and reanalyze_policies builds the root under its backend
     return search_policy
 
 
@@ -83,6 +83,16 @@ def model_device(model: Any, device: torch.device | None = None) -> torch.device
         return next(model.parameters()).device
     except (StopIteration, AttributeError):
         return torch.device("cpu")
+
+
+def _backend_scope(config: Any) -> contextlib.AbstractContextManager:
+    """The search's :func:`~torchrl_muzero.mcts.search.backend_scope` for a ``search`` that names its
+    ``config`` (:func:`muzero_reanalyze`'s): the root built here before the search follows the backend."""
+    if config is None:
+        return contextlib.nullcontext()
+    from torchrl_muzero.mcts.search import backend_scope  # imported late: the search package is heavier
+
+    return backend_scope(config)
 
 
 @contextlib.contextmanager
@@ -118,12 +128,14 @@ def reanalyze_policies(
     Inputs go to :func:`model_device`; ``generator`` is passed only when that
     is the CPU. With an acting ``memory`` and each position's ``history``
     ``[n]`` (:mod:`torchrl_muzero.data.root_history`) the search starts from
-    ``memory.root(...)``, the root acting builds, passed as ``root=``. Raises
+    ``memory.root(...)``, the root acting builds, passed as ``root=``; a
+    ``search`` that names its ``config`` (:func:`muzero_reanalyze`'s) builds it
+    under that config's backend (``"torch"``: not in the C++ kernel). Raises
     ``ValueError`` when the search returns another shape than ``[n, num_actions]``.
     """
     dev = model_device(model, device)
     n = observation.shape[0]
-    with _evaluating(model):
+    with _evaluating(model), _backend_scope(getattr(search, "config", None)):
         obs = observation.to(dev)
         extra = {}
         if memory is not None:

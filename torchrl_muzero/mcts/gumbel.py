@@ -69,7 +69,7 @@ from torchrl_muzero.mcts.config import MCTSConfig
 from torchrl_muzero.mcts.loop import start_tree
 from torchrl_muzero.mcts.puct import selectable
 from torchrl_muzero.mcts.qtransform import sigma_and_visits
-from torchrl_muzero.mcts.search import SearchResult, _root_ops, check_action_mask, run_rules, search_observations
+from torchrl_muzero.mcts.search import SearchResult, _root_ops, check_action_mask, run_engine, search_observations
 from torchrl_muzero.mcts.seq_halving import cached_considered_visit_table, score_considered
 from torchrl_muzero.mcts.tree import Tree
 from torchrl_muzero.modules.step import ModelStep
@@ -301,8 +301,10 @@ def gumbel_muzero_search(
     rule_args = (config.value_scale, config.maxvisit_init, config.rescale_values)
     root_rule, interior_rule = GumbelRootRule(*rule_args), GumbelInteriorRule(*rule_args)
     # a fused search's tree is read in C++ too; the per-simulation loop's C++ rules give torch's bits, read in torch
-    fused = run_rules(model, tree, config, root_rule, interior_rule, discount)
-    return gumbel_result(tree, config, kernel=fused)
+    engine = run_engine(model, tree, config, root_rule, interior_rule, discount)
+    result = gumbel_result(tree, config, kernel=engine == "cpp-fused")
+    result.engine = engine
+    return result
 
 
 def gumbel_result(tree: Tree, config: GumbelMCTSConfig, kernel: bool = False) -> SearchResult:

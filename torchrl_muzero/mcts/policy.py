@@ -11,7 +11,7 @@ from tensordict.utils import NestedKey
 from torchrl.envs.utils import ExplorationType, exploration_type
 
 from torchrl_muzero.mcts.config import MCTSConfig
-from torchrl_muzero.mcts.search import search
+from torchrl_muzero.mcts.search import backend_scope, search
 
 __all__ = ["MCTSPolicy"]
 
@@ -140,7 +140,8 @@ class MCTSPolicy(TensorDictModuleBase):
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            # backend_scope: with backend="torch" the memory's root (UniZero's window) stays out of the kernel too
+            with torch.no_grad(), backend_scope(config):
                 extra = {}
                 if memory is not None:
                     root = extra["root"] = self.memory.root(self.model, observation.to(model_device), memory)

@@ -8,9 +8,14 @@ counts. With the C++ kernel, a ``MuZeroMLPModel`` with one hidden layer is
 searched in a single C++ call, network included (``_fused_mlp_weights``), and so
 is an ``EfficientZeroMLPModel`` with one hidden layer (``_fused_value_prefix_weights``) and a
 ``UniZeroModel`` (``_fused_unizero_weights``: the transformer step in C++, KV cache or recompute).
+
+``MCTSConfig.backend`` is the one switch: with ``"torch"`` nothing of a search
+runs in the kernel, the root included (:func:`backend_scope`), and every
+:class:`SearchResult` says which engine ran its simulations (``engine``).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -23,10 +28,14 @@ from torchrl_muzero.mcts.noise import sample_dirichlet
 from torchrl_muzero.mcts.rules import PUCT
 from torchrl_muzero.mcts.tree import Tree
 from torchrl_muzero.modules.step import ModelStep
-from torchrl_muzero.modules.unizero.fused import UZ_STATE_KEYS
+from torchrl_muzero.modules.unizero.fused import UZ_STATE_KEYS, use_kernel
 
-__all__ = ["SearchResult", "check_action_mask", "muzero_search", "run_rules", "search", "search_from_root", "search_observations",
-           "select_action", "visit_result"]
+__all__ = ["ENGINES", "SearchResult", "backend_scope", "check_action_mask", "muzero_search", "run_engine", "run_rules",
+           "search", "search_from_root", "search_observations", "select_action", "visit_result"]
+
+#: The values of :attr:`SearchResult.engine`: every simulation in one C++ call, network included;
+#: the tree bookkeeping in C++ with the model called from Python each simulation; all in torch ops.
+ENGINES = ("cpp-fused", "cpp", "torch")
 
 
 @dataclass
@@ -41,6 +50,12 @@ class SearchResult:
         action: ``[B]`` long, drawn from the visits with the configured
             temperature (argmax at temperature 0).
         tree: the search tree, for inspection.
+        engine: what ran the simulations (:data:`ENGINES`): ``"cpp-fused"``
+            (all of them in one C++ call, network included), ``"cpp"`` (the
+            tree bookkeeping in C++, the model's step from Python) or
+            ``"torch"`` (batched torch ops; with ``backend="torch"`` nothing of
+            the search, root included, ran in the kernel). ``"unknown"`` for a
+            result built by other code.
 
     Examples:
         >>> import torch
@@ -49,6 +64,8 @@ class SearchResult:
         >>> result = search(MuZeroMLPModel((4,), 3), torch.randn(2, 4), MCTSConfig(num_simulations=6))
         >>> result.visit_counts.sum(-1), result.tree.num_nodes
         (tensor([6, 6]), 7)
+        >>> search(MuZeroMLPModel((4,), 3), torch.randn(2, 4), MCTSConfig(num_simulations=6, backend="torch")).engine
+        'torch'
     """
 
     visit_counts: torch.Tensor
@@ -56,6 +73,7 @@ class SearchResult:
     root_value: torch.Tensor
     action: torch.Tensor
     tree: Tree
+    engine: str = "unknown"
 
 
 def select_action(
@@ -69,6 +87,34 @@ def select_action(
         logits = logits / temperature
     probs = torch.softmax(logits, -1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+_NO_SCOPE = contextlib.nullcontext()
+
+
+def backend_scope(config) -> contextlib.AbstractContextManager:
+    """The context to build a search's root in, so that ``config.backend`` decides for the root too.
+
+    ``backend="torch"``: :func:`~torchrl_muzero.modules.unizero.fused.use_kernel`
+    ``(False)``, which keeps a UniZero root's window forward out of the C++
+    kernel (the model's only kernel call outside the simulations). Otherwise
+    a no-op context: the root takes the kernel where it can, as before.
+    :func:`search_observations`, :class:`~torchrl_muzero.mcts.MCTSPolicy` and
+    the reanalyze searches enter it; code that builds a root itself and hands
+    it to ``muzero_search`` should too.
+
+    Examples:
+        >>> from torchrl_muzero.mcts import MCTSConfig
+        >>> from torchrl_muzero.mcts.search import backend_scope
+        >>> from torchrl_muzero.modules.unizero.fused import kernel_enabled
+        >>> with backend_scope(MCTSConfig(backend="torch")):
+        ...     kernel_enabled()
+        False
+        >>> with backend_scope(MCTSConfig(backend="auto")):
+        ...     kernel_enabled()
+        True
+    """
+    return use_kernel(False) if getattr(config, "backend", "auto") == "torch" else _NO_SCOPE
 
 
 def _resolve_backend(config: MCTSConfig, device: torch.device):
@@ -199,36 +245,43 @@ def search_from_root(
 
 
 def run_rules(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float) -> bool:
+    """:func:`run_engine`, answering whether a fused search ran (``"cpp-fused"``)."""
+    return run_engine(model, tree, config, root_rule, interior_rule, discount) == "cpp-fused"
+
+
+def run_engine(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float) -> str:
     """Run a prepared tree's simulations on the fastest path for ``config.backend`` and the model.
 
     The fused C++ search (network included) when the model offers
     ``fused_search_weights`` (MuZero), ``fused_value_prefix_weights``
     (EfficientZero) or ``fused_unizero_weights`` (UniZero) and the kernel knows both rules, else the shared
     loop (:func:`~torchrl_muzero.mcts.loop.run_search`) with the C++ or torch
-    bookkeeping. Every variant policy ends its preparation here. Returns
-    whether a fused search ran (its results differ from the torch model's
-    in the last bits, so a policy may read such a tree in C++ too, as
-    Gumbel's does).
+    bookkeeping. Every variant policy ends its preparation here. Returns the
+    engine that ran (:data:`ENGINES`): a fused search's results differ from
+    the torch model's in the last bits, so a policy may read such a tree in
+    C++ too, as Gumbel's does.
     """
     ops = _resolve_backend(config, tree.visit_count.device)
-    if cpp_rules_supported(ops, root_rule, interior_rule):
+    cpp_rules = cpp_rules_supported(ops, root_rule, interior_rule)
+    if cpp_rules:
         # Every simulation in one C++ call (select, network, expand, backup).
         fused = _fused_mlp_weights(model, ops, tree)
         if fused is not None:
             tensors, reward_eps, value_eps = fused
             _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule,
                                 config.kernel_precision)
-            return True
+            return "cpp-fused"
         fused = _fused_value_prefix_weights(model, ops, tree)
         if fused is not None:
             _cpp.cpp_ez_search(tree, fused, root_rule, interior_rule, config.kernel_precision)
-            return True
+            return "cpp-fused"
         fused = _fused_unizero_weights(model, ops, tree)
         if fused is not None:
             _cpp.cpp_unizero_search(tree, fused, root_rule, interior_rule, config.kernel_precision)
-            return True
+            return "cpp-fused"
+    # the loop descends in C++ exactly when the kernel knows both rules (loop.run_search)
     run_search(tree, step_of(model), config.num_simulations, root_rule, interior_rule, discount, ops)
-    return False
+    return "cpp" if cpp_rules else "torch"
 
 
 def step_of(model):
@@ -290,12 +343,14 @@ def muzero_search(
             tree.children_prior[:, 0].mul_(1 - config.dirichlet_fraction).add_(noise.mul_(config.dirichlet_fraction))
 
     rule = PUCT(config.pb_c_base, config.pb_c_init)
-    run_rules(model, tree, config, rule, rule, discount)
+    engine = run_engine(model, tree, config, rule, rule, discount)
     if ops is not None:
         counts, policy, value, action = ops.visit_readout(tree.visit_count, tree.value_sum, tree.children_index,
                                                           float(config.temperature), generator)
-        return SearchResult(counts, policy, value, action, tree)
-    return visit_result(tree, config.temperature, generator)
+        return SearchResult(counts, policy, value, action, tree, engine)
+    result = visit_result(tree, config.temperature, generator)
+    result.engine = engine
+    return result
 
 
 def _root_ops(config: MCTSConfig, device: torch.device):
@@ -362,14 +417,15 @@ def search_observations(policy, name: str, model, observation, config, action_ma
             f"got {tuple(observation.shape)}."
         )
     device = next(model.parameters()).device
-    if root is None:
-        root = root_of(model, observation.to(device))
-    return policy(
-        model,
-        root,
-        config,
-        action_mask=None if action_mask is None else action_mask.to(device),
-        two_player=to_play is not None,
-        add_noise=add_noise,
-        generator=generator,
-    )
+    with backend_scope(config):  # backend="torch": the root stays out of the kernel too
+        if root is None:
+            root = root_of(model, observation.to(device))
+        return policy(
+            model,
+            root,
+            config,
+            action_mask=None if action_mask is None else action_mask.to(device),
+            two_player=to_play is not None,
+            add_noise=add_noise,
+            generator=generator,
+        )

@@ -225,15 +225,17 @@ def stochastic_muzero_search(
         tensors, reward_eps, value_eps = fused
         _cpp.cpp_stochastic_search(tree, tensors, reward_eps, value_eps, config.discount, decision, interior,
                                    config.kernel_precision)
+        engine = "cpp-fused"
     else:
         step = functools.partial(model.search_step, discount=config.discount)
         run_search(tree, step, config.num_simulations, decision, interior, config.discount, ops)
+        engine = "torch" if ops is None else "cpp"  # ops is None unless the kernel runs both rules (above)
 
     visit_counts = tree.root_child_visits()[:, :A]
     search_policy = visit_counts.float() / visit_counts.sum(-1, keepdim=True).clamp_min(1)
     root_value = tree.value_sum[:, 0] / tree.visit_count[:, 0].clamp_min(1).float()
     action = select_action(visit_counts, config.temperature, generator)
-    return SearchResult(visit_counts, search_policy, root_value, action, tree)
+    return SearchResult(visit_counts, search_policy, root_value, action, tree, engine)
 
 
 @torch.no_grad()

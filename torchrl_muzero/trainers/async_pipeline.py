@@ -262,6 +262,10 @@ class AsyncTrainer(TrainerBase):
             cls = RayAsyncTrainer
         return super().__new__(cls)
 
+    def acting_device(self) -> torch.device:
+        """The collectors' device (``async_pipeline.collector_num_gpus``), not the learner's."""
+        return torch.device("cuda" if self.cfg.async_pipeline.collector_num_gpus > 0 else "cpu")
+
     def _loop(self) -> None:
         self._init_driver_state()
         self._start_actors()

@@ -20,6 +20,7 @@ from torchrl_muzero.trainers.config import ConfigError, TrainConfig, config_to_d
 from torchrl_muzero.trainers.config_checks import check_run_targets, run_folder_of
 from torchrl_muzero.trainers.learner import Learner, NonFiniteLossError
 from torchrl_muzero.trainers.metrics import RunMetrics
+from torchrl_muzero.trainers.search_engine import probe_search_engine
 from torchrl_muzero.trainers.stop_signals import StopSignals, Terminated
 from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
 
@@ -115,6 +116,13 @@ class TrainerBase:
         )
         self.metrics.wall_offset = wall_offset
         atomic_write_json(self.run_dir / "config.json", config_to_dict(cfg))
+        # which engine the acting searches use, said once here and kept in summary.json
+        self.search_engine = probe_search_engine(cfg, self.learner.model, self.observation_shape, self.acting_device())
+        print(f"torchrl_muzero: search engine: {self.search_engine} (mcts.backend={cfg.mcts.backend})")
+
+    def acting_device(self) -> torch.device:
+        """Where the run's acting searches run (the async trainers' collectors override it)."""
+        return self.device
 
     # -- checkpoints ------------------------------------------------------
     def _counters(self) -> dict:
@@ -300,7 +308,7 @@ class TrainerBase:
                 self.save()
             self.metrics.close()
             summary = {"status": status, "exit_code": EXIT_CODES[status], "reason": self.stop_reason,
-                       **self._counters(), "run_dir": str(self.run_dir)}
+                       **self._counters(), "run_dir": str(self.run_dir), "search_engine": self.search_engine}
             atomic_write_json(self.run_dir / "summary.json", summary)
         msg = f"torchrl_muzero: run stopped ({status}): {self.stop_reason}. Run folder: {self.run_dir}"
         if status == "nan":

@@ -16,12 +16,20 @@ that overrides the step, a changed head or block structure) gets ``None``,
 and the search calls :meth:`UniZeroModel.search_step` per simulation.
 :func:`fused_search_step` is the kernel's step on a batch of node states (the
 test hook; a search never needs it).
+
+:func:`use_kernel` switches the kernel off for the code it wraps: a search
+with ``MCTSConfig(backend="torch")`` builds its root inside ``use_kernel(False)``,
+so the root's window forward runs in torch too and nothing of that search
+reaches the kernel (the model itself knows nothing of search configs).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import operator
 import weakref
 from itertools import chain
+from typing import Iterator
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -31,7 +39,7 @@ from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.unizero.norm import SimNorm
 
 __all__ = ["fused_unizero_weights", "fused_root", "fused_root_from_leaves", "fused_root_window", "fused_search_step",
-           "UZ_STATE_KEYS"]
+           "kernel_enabled", "use_kernel", "UZ_STATE_KEYS"]
 
 #: The node-state keys of a UniZero tree in the cache mode (the recompute mode has no ``"kv"``).
 UZ_STATE_KEYS = ("latents", "actions", "length", "kv")
@@ -81,19 +89,27 @@ def fused_unizero_weights(model) -> tuple[list[torch.Tensor], list[int], list[fl
         return None
     hit = _CACHE.get(model)
     if hit is not None and _still_valid(model, hit):
-        return hit[4]
+        return hit[5]
     modules = _walk(model)
     members = _members(modules)
-    out = _collect(model, UniZeroModel)
+    collected = _collect(model, UniZeroModel)
+    out, copied = collected if collected is not None else (None, ())
     tensors = [t for t in members if isinstance(t, torch.Tensor)]
-    _CACHE[model] = ([weakref.ref(m) for m in modules], tuple(map(id, members)), tensors, _key(model, tensors), out)
+    _CACHE[model] = ([weakref.ref(m) for m in modules], tuple(map(id, members)), tensors, copied,
+                     _key(model, tensors, copied), out)
     return out
 
 
 # A cache entry is valid while the model's modules hold the same parameter, buffer and submodule
 # objects over the same storages and `on_overflow` is unchanged (in-place updates keep all of
 # that; .to(), .double(), a replaced module or a new parameter do not): the tensors returned are
-# views of the live storages, and the kernel repacks on its own when their values change. The
+# views of the live storages, and the kernel repacks on its own when their values change. A
+# source that is not a contiguous float32 tensor (a transposed view, a parameter loaded with
+# load_state_dict(assign=True) from such a checkpoint tensor) is handed over as a copy, which an
+# in-place update of the source does not reach: the entry also keys on those sources' version
+# counters (a view shares its base's), so such an update re-collects. In-place writes that skip
+# the version counter (through `.data`, or shared memory written by another process) are seen
+# for views only, as before. The common case (every source a view) adds no check. The
 # check runs twice per search (root and search), so it avoids a Python loop over the modules'
 # dicts (~15 us against ~55 us for a walk). The entry holds the modules through weak references
 # (a strong one would keep the model alive: model.sequence refers back to it) and their members
@@ -116,22 +132,28 @@ def _members(modules: list[nn.Module]) -> tuple:
     return tuple(chain.from_iterable(map(dict.values, chain.from_iterable(map(_DICTS, modules)))))
 
 
-def _key(model, tensors: list[torch.Tensor]) -> tuple:
-    return (model.on_overflow, *map(torch.Tensor.data_ptr, tensors))
+_VERSION = operator.attrgetter("_version")
+
+
+def _key(model, tensors: list[torch.Tensor], copied: tuple) -> tuple:
+    key = (model.on_overflow, *map(torch.Tensor.data_ptr, tensors))
+    return key + tuple(map(_VERSION, copied)) if copied else key
 
 
 def _still_valid(model, hit: tuple) -> bool:
-    refs, ids, tensors, key, _ = hit
+    refs, ids, tensors, copied, key, _ = hit
     try:
         members = _members([ref() for ref in refs])
     except AttributeError:  # a cached module was freed (its weak reference gives None): the model changed
         return False
     # The same objects in every dict of the cached modules (the first is the model): the modules
     # reachable from the model are the cached ones, holding the same parameters and buffers.
-    return tuple(map(id, members)) == ids and _key(model, tensors) == key
+    return tuple(map(id, members)) == ids and _key(model, tensors, copied) == key
 
 
-def _collect(model, UniZeroModel) -> tuple[list[torch.Tensor], list[int], list[float]] | None:
+def _collect(model, UniZeroModel) -> tuple[tuple[list[torch.Tensor], list[int], list[float]], tuple] | None:
+    """``(fused, copied)``: :func:`fused_unizero_weights`'s answer and the source tensors that ``fused``
+    holds copies of, not views (``_key``); ``None`` when the kernel cannot run this model."""
     cls = type(model)
     # A subclass that changes any part of the step is not the model the kernel mirrors.
     for name in ("search_step", "_action_heads", "_latent_heads", "_tokens", "_slide", "_decode"):
@@ -181,11 +203,53 @@ def _collect(model, UniZeroModel) -> tuple[list[torch.Tensor], list[int], list[f
     else:
         return None
     tensors += [model.reward_support.bins, model.value_support.bins]
-    tensors = [t.detach().float().contiguous() for t in tensors]
+    fused = [t.detach().float().contiguous() for t in tensors]
+    # .float() and .contiguous() return a contiguous float32 tensor itself (a view of the live storage);
+    # every other source is copied, and only its version counter tells of an in-place update
+    copied = tuple(t for t in tensors if t.dtype != torch.float32 or not t.is_contiguous())
     ints = [len(gpt.blocks), gpt.num_heads, model.max_blocks, model.context_length, simnorm,
             model.num_actions, int(gpt.position == "absolute")]
     floats = [float(eps.pop()), float(norm_eps), model.reward_support.epsilon, model.value_support.epsilon]
-    return tensors, ints, floats
+    return (fused, ints, floats), copied
+
+
+# Whether the code running now may call the kernel (use_kernel). A context variable, not a module
+# flag: a search in one thread (or asyncio task) switching it off leaves the others' searches alone.
+_KERNEL_ON: contextvars.ContextVar[bool] = contextvars.ContextVar("torchrl_muzero_unizero_kernel", default=True)
+
+
+@contextlib.contextmanager
+def use_kernel(enabled: bool) -> Iterator[None]:
+    """Within the block, the UniZero model calls the C++ kernel only if ``enabled`` (outside: always may).
+
+    With ``enabled=False`` :meth:`~torchrl_muzero.modules.unizero.UniZeroModel.search_root`,
+    ``root_from_latents`` and ``root_value`` run their window forward in torch
+    (:func:`fused_root` and :func:`fused_root_window` give ``None``). The
+    searches enter it for ``MCTSConfig(backend="torch")``
+    (:func:`~torchrl_muzero.mcts.search.backend_scope`). Nests; per thread.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.modules.unizero import UniZeroModel
+        >>> from torchrl_muzero.modules.unizero.fused import kernel_enabled, use_kernel
+        >>> model = UniZeroModel((4,), 2, embed_dim=16, num_heads=2, context_length=2, max_blocks=5)
+        >>> with use_kernel(False):
+        ...     root = model.search_root(torch.randn(3, 3, 4), torch.randint(2, (3, 2)))  # torch only
+        ...     kernel_enabled()
+        False
+        >>> kernel_enabled()
+        True
+    """
+    token = _KERNEL_ON.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _KERNEL_ON.reset(token)
+
+
+def kernel_enabled() -> bool:
+    """Whether the code running now may call the C++ kernel (:func:`use_kernel`)."""
+    return _KERNEL_ON.get()
 
 
 def _kernel(name: str):
@@ -213,6 +277,8 @@ def fused_root_from_leaves(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:func:`fused_root` on the state's leaves (``kv`` ``None`` without the cache), as
     :meth:`UniZeroModel.root_from_latents` holds them: no TensorDict reads (~15 us a search)."""
+    if not _KERNEL_ON.get():  # inside use_kernel(False): the caller takes its torch path
+        return None
     kernel = _kernel("unizero_root")
     if kernel is None or latents.device.type != "cpu" or latents.dtype != torch.float32:
         return None
@@ -236,6 +302,8 @@ def fused_root_window(
     ``keep_cache`` (default: the model's ``kv_cache``) False leaves the keys /
     values out (``kv`` ``None``; the value and logits are the same).
     """
+    if not _KERNEL_ON.get():  # inside use_kernel(False): the caller takes its torch path
+        return None
     kernel = _kernel("unizero_root_window")
     if kernel is None or latents.device.type != "cpu" or latents.dtype != torch.float32:
         return None

@@ -399,7 +399,10 @@ class UniZeroModel(nn.Module):
         at 0 for every row, whatever its history length), one full forward
         gives the keys/values of the window and the root's policy and value
         at its last latent. (``_keep_cache=False``: the state gets no keys /
-        values, for :meth:`root_value`, which returns only the value.)
+        values, for :meth:`root_value`, which returns only the value.) The
+        forward runs in the C++ kernel when it runs this model, except inside
+        :func:`~torchrl_muzero.modules.unizero.fused.use_kernel` ``(False)``
+        (what a ``backend="torch"`` search sets): then in torch.
         """
         keep_cache = self.kv_cache and _keep_cache
         B, K1, E = latents.shape
