@@ -94,7 +94,9 @@ CASES = [
     ("resume-no-checkpoint", ["resume={root}/no_ckpt"], "no_ckpt/ckpt/last.pt", None, "no_ckpt"),
     ("resume-corrupt", ["resume={root}/corrupt"], "corrupt/ckpt/last.pt' is corrupt", None, "corrupt"),
     ("resume-truncated", ["resume={root}/truncated"], "truncated/ckpt/last.pt' is corrupt", None, "truncated"),
-    ("resume-other-model", ["resume={root}/run"], "model.hidden_dim=16 (this run: 64)", None, "run"),
+    # resume keeps the saved model (hidden_dim=16): changing its size on resume is what is refused
+    ("resume-other-model", ["resume={root}/run", "model.hidden_dim=64"], "model.hidden_dim=16 (this run: 64)", None,
+     "run"),
     ("run-dir-holds-a-run", ["run_dir={root}/run"], "'run_dir'", None, "run"),
     ("run-dir-a-file", ["run_dir={root}/a_file.txt"], "'run_dir'", None, None),
     ("run-dir-unwritable", ["run_dir=/proc/torchrl_muzero_run"], "'run_dir': the run folder", None, None),

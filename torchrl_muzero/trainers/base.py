@@ -16,10 +16,11 @@ from torchrl_muzero.trainers.checkpoint import (
     latest_checkpoint,
     save_checkpoint,
 )
-from torchrl_muzero.trainers.config import ConfigError, TrainConfig, config_to_dict, load_config
+from torchrl_muzero.trainers.config import ConfigError, TrainConfig, config_to_dict
 from torchrl_muzero.trainers.config_checks import check_run_targets, run_folder_of
 from torchrl_muzero.trainers.learner import Learner, NonFiniteLossError
 from torchrl_muzero.trainers.metrics import RunMetrics
+from torchrl_muzero.trainers.resume_config import load_run_config
 from torchrl_muzero.trainers.search_engine import probe_search_engine
 from torchrl_muzero.trainers.stop_signals import StopSignals, Terminated
 from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
@@ -72,7 +73,7 @@ class TrainerBase:
 
     def __init__(self, cfg: TrainConfig | dict | None = None) -> None:
         if not isinstance(cfg, TrainConfig):
-            cfg = load_config(cfg)
+            cfg = load_run_config(cfg)  # resume=RUN: the saved run's config, changed by cfg's keys only
         self.cfg = cfg
         #: Ctrl-C / SIGTERM recorded until the loop reaches a safe point (installed by :meth:`run`)
         self.stop_signals = StopSignals()

@@ -30,7 +30,8 @@ from typing import Optional
 # config.py imports this module only inside load_config, so there is no import cycle
 from torchrl_muzero.trainers.config import ConfigError
 
-__all__ = ["Range", "RANGES", "check_ranges", "check_run_targets", "effective_pool", "run_folder_of"]
+__all__ = ["Range", "RANGES", "check_ranges", "check_resume_folder", "check_run_targets", "effective_pool",
+           "run_folder_of"]
 
 
 @dataclass(frozen=True)
@@ -402,6 +403,17 @@ def run_folder_of(cfg) -> Optional[Path]:
     return Path(target) if target else None
 
 
+def check_resume_folder(target) -> Path:
+    """The folder ``resume`` names, if it is an existing folder (else a ``ConfigError`` naming ``resume``)."""
+    folder = Path(target)
+    if not folder.exists():
+        raise ConfigError(f"config key 'resume': the run folder {str(folder)!r} does not exist.")
+    if not folder.is_dir():
+        raise ConfigError(f"config key 'resume': {str(folder)!r} is not a folder (resume takes a run folder, the "
+                          "one holding ckpt/last.pt).")
+    return folder
+
+
 def _holds_a_run(folder: Path) -> bool:
     return any((folder / name).exists() for name in ("config.json", "ckpt", "eval.csv", "summary.json"))
 
@@ -433,7 +445,8 @@ def check_run_targets(cfg) -> Optional[dict]:
     """Check what the run will touch on this machine, before any folder, env or process exists.
 
     The env id (and ale-py for Atari), the device, GPU actors, the logger's
-    package, the resume target (a run folder with a readable ``ckpt/last.pt``)
+    package, the resume target (a run folder with a readable ``ckpt/last.pt``
+    whose configuration has the same :data:`~torchrl_muzero.trainers.resume_config.FROZEN_KEYS`)
     and the run folder (writable; a fresh run does not reuse a folder that
     holds another run, so a rejected or mistaken start never overwrites it).
     The checkpoint's fit to the model is checked by the trainer, once the
@@ -464,16 +477,18 @@ def check_run_targets(cfg) -> Optional[dict]:
         raise ConfigError(f"config key 'logger.backend' is {backend!r}, which needs the {package} package: "
                      f"pip install {package} (or use logger.backend=csv).")
     if cfg.resume:
-        folder = Path(cfg.resume)
-        if not folder.exists():
-            raise ConfigError(f"config key 'resume': the run folder {str(folder)!r} does not exist.")
-        if not folder.is_dir():
-            raise ConfigError(f"config key 'resume': {str(folder)!r} is not a folder (resume takes a run folder, the "
-                         "one holding ckpt/last.pt).")
+        from torchrl_muzero.trainers.config import config_to_dict
+        from torchrl_muzero.trainers.resume_config import check_frozen_keys
+
+        folder = check_resume_folder(cfg.resume)
         try:
             state = load_checkpoint(latest_checkpoint(folder))
         except CheckpointError as err:
             raise ConfigError(f"config key 'resume': {err}") from None
+        # against the checkpoint's own configuration: the one its tensors were made with (a config given
+        # whole, e.g. a TrainConfig, or a hand-edited config.json, may differ from it)
+        saved = state.get("config")
+        check_frozen_keys(saved if isinstance(saved, dict) else {}, config_to_dict(cfg), folder)
         _check_writable(folder, "resume")
         return state
     elif cfg.run_dir:

@@ -29,6 +29,7 @@ from hydra.core.config_store import ConfigStore
 from torchrl_muzero.trainers.config import ConfigError, TrainConfig, check_key, load_config
 from torchrl_muzero.trainers.config_checks import check_run_targets
 from torchrl_muzero.trainers.exit_watchdog import arm_exit_watchdog
+from torchrl_muzero.trainers.resume_config import resume_from_overrides
 
 __all__ = ["register_base_config", "compose_config", "preflight", "run_from_hydra", "run_script", "USAGE_ERROR"]
 
@@ -43,6 +44,10 @@ def register_base_config() -> None:
 def compose_config(config_dir: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """Compose a script's config (``config.yaml`` + groups + overrides) outside ``@hydra.main``.
 
+    With ``resume=RUN`` among the overrides, the result is what the script
+    resumes with: the run's saved configuration plus the other overrides
+    (:func:`~torchrl_muzero.trainers.resume_config.resume_from_overrides`).
+
     Examples:
         >>> from pathlib import Path
         >>> import torchrl_muzero
@@ -54,8 +59,13 @@ def compose_config(config_dir: str | Path, overrides: Sequence[str] = ()) -> Tra
     from hydra import compose, initialize_config_dir
 
     register_base_config()
-    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
-        return load_config(compose(config_name="config", overrides=list(overrides)))
+    config_dir = Path(config_dir).resolve()
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        composed = compose(config_name="config", overrides=list(overrides))
+    if composed.get("resume"):
+        groups = [p.name for p in config_dir.iterdir() if p.is_dir()]
+        return resume_from_overrides(composed, overrides, groups)
+    return load_config(composed)
 
 
 def _debugging() -> bool:
@@ -194,7 +204,11 @@ def run_from_hydra(cfg, trainer_cls) -> dict:
     from torchrl_muzero.trainers.checkpoint import CheckpointError
 
     try:
-        run_cfg = load_config(cfg)
+        if cfg.get("resume"):  # the saved run's configuration, changed by the command line's keys only
+            hydra_cfg = HydraConfig.get()
+            run_cfg = resume_from_overrides(cfg, list(hydra_cfg.overrides.task), hydra_cfg.runtime.choices.keys())
+        else:
+            run_cfg = load_config(cfg)
         if run_cfg.run_dir is None and run_cfg.resume is None:
             run_cfg.run_dir = HydraConfig.get().runtime.output_dir
         trainer = trainer_cls(run_cfg)

@@ -116,4 +116,8 @@ class Learner:
             self.loss_module.load_state_dict(state["loss_module"])
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
+            # the saved param groups carry the old run's lr and weight decay; a resume that sets
+            # optim.lr / optim.weight_decay means this run's values (Adam's moments stay)
+            for group in self.optimizer.param_groups:
+                group["lr"], group["weight_decay"] = self.cfg.optim.lr, self.cfg.optim.weight_decay
         self.train_iter = int(state.get("train_iter", 0))
