@@ -115,6 +115,20 @@ def test_resume_from_a_hostile_checkpoint_stops_before_anything_runs(tmp_path):
     assert not marker.exists()
 
 
+def test_resume_with_a_hostile_buffer_file_stops_in_one_line(tmp_path):
+    from torchrl_muzero.trainers import SyncTrainer
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    marker = tmp_path / "code_ran"
+    _hostile_file(run / "ckpt" / "buffer.pt", marker, torch.load(FIXTURE / "ckpt" / "buffer.pt", weights_only=True))
+    with pytest.raises(CheckpointError) as info:
+        SyncTrainer({"resume": str(run)})
+    message = str(info.value)
+    assert str(run / "ckpt" / "buffer.pt") in message and _one_line(message) and "pickled objects" in message
+    assert not marker.exists()
+
+
 def test_a_buffer_file_holding_a_pickled_object_is_refused_in_one_line(tmp_path):
     from torchrl_muzero.data.buffer_state import load_buffer_file
 

@@ -201,7 +201,10 @@ class TrainerBase:
                                          if p.stem[len("model_v"):].isdigit())
         buffer_path = self.ckpt_dir / "buffer.pt"
         if buffer_path.exists():
-            self.buffer.load(buffer_path)
+            try:
+                self.buffer.load(buffer_path)  # checks all of the file before it changes the buffer
+            except ValueError as err:  # corrupt, another layout, a pickled object: one line, nothing started
+                raise CheckpointError(f"{err} (delete it to resume with an empty buffer)") from None
             # the new collectors number their trajectories from 0 again
             self.buffer.end_running_trajectories()
         print(f"torchrl_muzero: resumed {self.run_dir} at {self.env_steps} env steps, "
