@@ -142,3 +142,14 @@ def test_a_run_names_its_search_engine_once(tmp_path, capsys):
     trainer = SyncTrainer(tiny_config(tmp_path / "torch", **{"mcts.backend": "torch", "algo.name": "unizero"}))
     assert trainer.search_engine == "torch"
     assert "torchrl_muzero: search engine: torch (mcts.backend=torch)" in capsys.readouterr().out
+
+
+def test_a_torch_unizero_run_never_calls_the_kernel(tmp_path, no_kernel):
+    """Acting, value targets (UniZero's root values) and evaluation of a run with mcts.backend=torch."""
+    from torchrl_muzero.trainers import SyncTrainer
+
+    cfg = tiny_config(tmp_path, **{"mcts.backend": "torch", "algo.name": "unizero", "algo.embed_dim": 16,
+                                   "train.total_env_steps": 192, "train.train_start_after_envsteps": 64,
+                                   "optim.batch_size": 8})
+    summary = SyncTrainer(cfg).run()
+    assert summary["status"] == "ok" and summary["train_iter"] > 0 and summary["search_engine"] == "torch"

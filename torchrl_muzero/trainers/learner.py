@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from torchrl_muzero.mcts.search import backend_scope
 from torchrl_muzero.trainers.builders import build_loss
 from torchrl_muzero.trainers.config import TrainConfig
 
@@ -67,8 +68,10 @@ class Learner:
         """
         self.model.train()
         # policy_version: the data's age, for EfficientZero's off-policy correction (collectors stamp train_iter)
-        batch = self.buffer.sample(self.cfg.optim.batch_size, model=self.model, target_model=self.target_model,
-                                   policy_version=self.train_iter)
+        # mcts.backend=torch: the targets' roots and reanalyze searches stay out of the C++ kernel too
+        with backend_scope(self.cfg.mcts):
+            batch = self.buffer.sample(self.cfg.optim.batch_size, model=self.model, target_model=self.target_model,
+                                       policy_version=self.train_iter)
         stamp = batch.get("stamp", None) if "stamp" in batch.keys() else None
         # train_iter to the loss (UniZero's label-smoothing schedule); losses without the hook are unaffected
         set_train_iter = getattr(self.loss_module, "set_train_iter", None)
