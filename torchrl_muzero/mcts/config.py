@@ -25,6 +25,11 @@ class MCTSConfig:
         backend: ``"cpp"`` runs the tree bookkeeping in the C++ kernel (CPU
             only), ``"torch"`` in batched tensor ops (any device), ``"auto"``
             takes the kernel when it is built and the tree lives on the CPU.
+            The one switch for every part of a search: with ``"torch"``
+            nothing of it reaches the kernel, UniZero's root window included
+            (and, in a trainer, the learner's value-target roots and
+            reanalyze). ``SearchResult.engine`` says what ran
+            (``"cpp-fused"``, ``"cpp"``, ``"torch"``); a run prints it once.
         kernel_precision: arithmetic of the fused C++ searches' network
             (MuZero / Gumbel / EfficientZero / Stochastic MuZero MLPs,
             UniZero's expansions). ``"exact"`` (default): products rounded
