@@ -156,8 +156,11 @@ def _describe(pid: int) -> str:
 
 def stop_script_after_checkpoint(cmd: list[str], run_dir, stop: Callable[["subprocess.Popen", str], None],
                                  cwd, exit_timeout_s: float = 60.0,
-                                 own_process_group: bool = False) -> tuple[int, str, list[str]]:
+                                 own_process_group: bool = False,
+                                 ready_line: str | None = None) -> tuple[int, str, list[str]]:
     """Start a training script, wait for its first checkpoint, call ``stop(proc, marker)``, wait for it to exit.
+
+    ``ready_line``: wait for the script to print this text instead of for its first checkpoint.
 
     Returns ``(exit status, everything it printed, leftovers)``: ``leftovers`` describes the processes
     of the run (the script and everything it started, found by an environment marker) still alive a
@@ -191,11 +194,15 @@ def stop_script_after_checkpoint(cmd: list[str], run_dir, stop: Callable[["subpr
                                 start_new_session=own_process_group)
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not (run_dir / "ckpt" / "last.pt").exists():
+        awaited = repr(ready_line) if ready_line else "its first checkpoint"
+        ready = ((lambda: ready_line in log_path.read_text()) if ready_line
+                 else (lambda: (run_dir / "ckpt" / "last.pt").exists()))
+        while time.monotonic() < deadline and not ready():
             if proc.poll() is not None:
                 break
-            time.sleep(0.5)
-        assert proc.poll() is None, f"the script ended before its first checkpoint:\n{log_path.read_text()[-4000:]}"
+            time.sleep(0.1 if ready_line else 0.5)
+        assert proc.poll() is None, f"the script ended before {awaited}:\n{log_path.read_text()[-4000:]}"
+        assert ready(), f"no {awaited} within 180 s:\n{log_path.read_text()[-4000:]}"
         stop(proc, marker)
         try:
             proc.wait(timeout=exit_timeout_s)

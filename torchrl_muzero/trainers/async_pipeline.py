@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
+import re
 import time
 from collections import deque
 
@@ -66,6 +68,66 @@ _PACE_OFFSET, _PACE_RELEASE, _PACE_IDLE = 2, 3, 4
 _SHUTDOWN_GRACE_S = 15.0
 
 
+#: name of the driver's control file (:class:`SharedControl`): ``<prefix><pid>_<pid namespace>_<random>``
+_CONTROL_PREFIX = "torchrl_muzero_control_"
+_CONTROL_NAME = re.compile(re.escape(_CONTROL_PREFIX) + r"(\d+)_(\d+)_.+")
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (an inode number), 0 where /proc does not say.
+
+    A pid means something only inside its namespace: containers started with
+    ``--ipc=host`` (as PyTorch's docs advise for shared memory) share one
+    /dev/shm but each has its own pids, so another container's live driver
+    can carry a pid that is free here.
+    """
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, under another user
+        return True
+    return True
+
+
+def remove_stale_control_files(folder: str) -> list[str]:
+    """Remove the :class:`SharedControl` files in ``folder`` whose driver process is gone; returns their paths.
+
+    Why: a driver ended by SIGKILL (the OOM killer, a scheduler's hard stop)
+    never runs :meth:`SharedControl.close`, and its file would stay in
+    /dev/shm until the machine reboots. A file is removed only when its name
+    says which process created it, in this pid namespace, and that process no
+    longer exists: a live run's file is never touched (a reused pid only keeps
+    a stale file a while longer). Names without a pid (written before the pid
+    was part of the name) are left alone: nothing tells whether their run is
+    still going. Never raises: a cleanup must not stop a run.
+    """
+    removed: list[str] = []
+    namespace = _pid_namespace()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        match = _CONTROL_NAME.fullmatch(name)
+        if match is None or int(match.group(2)) != namespace or _process_alive(int(match.group(1))):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            os.unlink(path)
+        except OSError:  # gone already (another run cleaned up first), or another user's file
+            continue
+        removed.append(path)
+    return removed
+
+
 class SharedControl:
     """A few float64 values the driver writes and every worker reads, in a shared file mapping.
 
@@ -73,15 +135,22 @@ class SharedControl:
     torchrl copies the factory on its way to the workers (measured: workers
     kept reading 0). A file mapping survives any pickling: only the path
     travels, and each process maps the same pages.
+
+    The file is named after the creating process (:data:`_CONTROL_PREFIX`
+    ``<pid>_<pid namespace>_<random>``), and creating one first removes the
+    files of drivers that died without :meth:`close`
+    (:func:`remove_stale_control_files`).
     """
 
     def __init__(self, size: int, path: str | None = None) -> None:
-        import os
         import tempfile
 
         if path is None:
-            folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            fd, path = tempfile.mkstemp(prefix="torchrl_muzero_control_", dir=folder)
+            folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+            remove_stale_control_files(folder)
+            # the owner is in the name from the file's first instant: no window in which another run's
+            # cleanup could take a just-created file for a dead run's
+            fd, path = tempfile.mkstemp(prefix=f"{_CONTROL_PREFIX}{os.getpid()}_{_pid_namespace()}_", dir=folder)
             os.close(fd)
             with open(path, "wb") as f:
                 f.write(b"\0" * 8 * size)
@@ -104,8 +173,6 @@ class SharedControl:
         self.values[i] = value
 
     def close(self) -> None:
-        import os
-
         if self.owner and os.path.exists(self.path):
             os.unlink(self.path)
 
@@ -268,7 +335,16 @@ class AsyncTrainer(TrainerBase):
 
     def _loop(self) -> None:
         self._init_driver_state()
-        self._start_actors()
+        self.stop_signals.check()  # a stop that came before any worker exists starts none
+        try:
+            self._start_actors()
+        except Exception as err:
+            if self.stop_signals.received is None:
+                raise
+            # a SIGTERM to the whole job (systemd, Slurm, `kill -TERM -<pgid>`) also ends the workers still
+            # starting, which torchrl reports as a failed start: the run ends as the signal asks, not on a traceback
+            first = (str(err).split(". ")[0].splitlines() or [type(err).__name__])[0]  # torchrl's run to a page
+            raise WorkerDied(f"the workers did not start: {first}") from err
         self._run_event_loop()
 
     def _init_driver_state(self) -> None:
@@ -307,6 +383,7 @@ class AsyncTrainer(TrainerBase):
         self.evaluators = None
         with children_deaf_to_ctrl_c():
             self.collector = self._make_collector(sync, cfg_dict, seeds, control, action_spec, collector_device)
+            self.stop_signals.check()  # a stop that came while the collector's workers started: no evaluator
             if ap.num_evaluator_actors > 0:
                 self.evaluators = EvaluatorPool(cfg_dict, self.observation_shape, self.num_actions,
                                                 ap.num_evaluator_actors, ap.max_eval_inflight)
