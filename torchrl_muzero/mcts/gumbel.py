@@ -51,7 +51,7 @@ max(N[a], 1))`` for the child ``c``, sums over ``a`` by torch's ``sum``)::
 ``cpp_params`` of both rules: ``(value_scale, maxvisit_init,
 float(rescale_values))``; epsilon is 1e-8.
 
-Fast path (CPU, C++ kernel, a model with ``fused_search_weights``): the
+Fast path (CPU, C++ kernel, a model whose ``fused_kernel_spec()`` is not ``None``): the
 simulations run in one fused C++ call and the result (visit counts, winner,
 improved policy, root value) is read by one more (``gumbel_readout``,
 ``csrc/gumbel_readout.h``); the considered-visit table is built once per

@@ -4,10 +4,12 @@ One call searches ``B`` roots at once. Each simulation selects one leaf in
 every tree with pUCT, calls the model's search step once for the whole batch,
 expands and backs up in place. The tree bookkeeping runs either in the C++
 kernel (CPU) or in batched torch ops (any device); both give the same visit
-counts. With the C++ kernel, a ``MuZeroMLPModel`` with one hidden layer is
-searched in a single C++ call, network included (``_fused_mlp_weights``), and so
-is an ``EfficientZeroMLPModel`` with one hidden layer (``_fused_value_prefix_weights``) and a
-``UniZeroModel`` (``_fused_unizero_weights``: the transformer step in C++, KV cache or recompute).
+counts. With the C++ kernel, a model whose ``fused_kernel_spec()`` names one
+of the kernel's fused entries is searched in a single C++ call, network
+included (:func:`_run_fused`): a ``MuZeroMLPModel`` or ``EfficientZeroMLPModel``
+with one hidden layer, a ``UniZeroModel`` (the transformer step in C++, KV
+cache or recompute). The search checks the tree's node state against the
+spec's declaration and knows no variant's keys.
 
 ``MCTSConfig.backend`` is the one switch: with ``"torch"`` nothing of a search
 runs in the kernel, the root included (:func:`backend_scope`), and every
@@ -19,7 +21,6 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDictBase
 
 from torchrl_muzero.mcts import _cpp
 from torchrl_muzero.mcts.config import MCTSConfig
@@ -27,11 +28,13 @@ from torchrl_muzero.mcts.loop import cpp_rules_supported, run_search, start_tree
 from torchrl_muzero.mcts.noise import sample_dirichlet
 from torchrl_muzero.mcts.rules import PUCT
 from torchrl_muzero.mcts.tree import Tree
+from torchrl_muzero.modules.fused_spec import FusedSpec, fused_spec_of
 from torchrl_muzero.modules.step import ModelStep
-from torchrl_muzero.modules.unizero.fused import UZ_STATE_KEYS, use_kernel
+from torchrl_muzero.modules.unizero.fused import use_kernel
 
-__all__ = ["ENGINES", "SearchResult", "backend_scope", "check_action_mask", "muzero_search", "run_engine", "run_rules",
-           "search", "search_from_root", "search_observations", "select_action", "visit_result"]
+__all__ = ["ENGINES", "FUSED_ENTRIES", "SearchResult", "backend_scope", "check_action_mask", "muzero_search",
+           "run_engine", "run_rules", "search", "search_from_root", "search_observations",
+           "select_action", "visit_result"]
 
 #: The values of :attr:`SearchResult.engine`: every simulation in one C++ call, network included;
 #: the tree bookkeeping in C++ with the model called from Python each simulation; all in torch ops.
@@ -130,72 +133,54 @@ def _resolve_backend(config: MCTSConfig, device: torch.device):
     return ops
 
 
-def _fused_mlp_weights(model, ops, tree: Tree):
-    """The weights for the C++ fused MLP search when it can run this search, else ``None``.
+def _run_mlp(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule, discount: float) -> None:
+    _cpp.cpp_mlp_search(tree, spec.tensors, *spec.floats, root_rule, interior_rule, config.kernel_precision)
 
-    Taken on a CPU tree with the C++ kernel (``ops``: backend "auto" or "cpp")
-    for models that offer ``fused_search_weights()`` (``MuZeroMLPModel`` with
-    one hidden layer, float32): the per-simulation model call costs ~25-30
-    aten dispatches, which dominate small-batch searches. The fused network
-    rounds differently from BLAS in the last bits, so near-tied choices can
-    differ from the torch path (test/test_fused_search.py).
+
+def _run_ez(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule, discount: float) -> None:
+    _cpp.cpp_ez_search(tree, (spec.tensors, *spec.floats, *spec.ints), root_rule, interior_rule,
+                       config.kernel_precision)
+
+
+def _run_unizero(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule, discount: float) -> None:
+    _cpp.cpp_unizero_search(tree, (spec.tensors, spec.ints, spec.floats), root_rule, interior_rule,
+                            config.kernel_precision)
+
+
+#: The fused entries :func:`run_engine` runs: ``FusedSpec.kernel`` -> (the loaded kernel's function, the
+#: ``_cpp`` call). (``"stochastic"`` is Stochastic MuZero's search's own: its interior rule and edge
+#: discounts are not these searches'.)
+FUSED_ENTRIES = {"mlp": ("mlp_search", _run_mlp), "ez": ("ez_search", _run_ez),
+                 "unizero": ("unizero_search", _run_unizero)}
+
+
+def _run_fused(model, ops, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float,
+               entries: dict) -> bool:
+    """Run every simulation in one C++ call (select, network, expand, backup) if the model's
+    :class:`~torchrl_muzero.modules.fused_spec.FusedSpec` allows it here; answer whether it ran.
+
+    It runs when there is a kernel (``ops``: backend "auto" or "cpp" on a CPU
+    tree, rules supported: the caller checks), the model's
+    ``fused_kernel_spec()`` names one of this search's ``entries``
+    (:data:`FUSED_ENTRIES`), the loaded kernel has that entry, and the tree's
+    node state is the one the spec declares (:meth:`FusedSpec.matches`);
+    otherwise nothing runs and the caller takes the per-simulation loop. The
+    per-simulation model call costs ~25-30 aten dispatches for the MLP
+    models (~2.4 ms for a UniZero step at B = 1), which dominate small-batch
+    searches. The fused network rounds differently from BLAS in the last
+    bits, so near-tied choices can differ from the torch path
+    (test/test_fused_search.py).
     """
-    if ops is None or not hasattr(ops, "mlp_search") or not isinstance(tree.embeddings, torch.Tensor):
-        return None
-    if tree.embeddings.dtype != torch.float32:
-        return None
-    get = getattr(model, "fused_search_weights", None)
-    if get is None or tree.embeddings.dim() != 3:
-        return None
-    return get()
-
-
-def _fused_value_prefix_weights(model, ops, tree: Tree):
-    """The weights for the C++ fused EfficientZero search when it can run this search, else ``None``.
-
-    As :func:`_fused_mlp_weights`, for models that offer
-    ``fused_value_prefix_weights()`` (``EfficientZeroMLPModel`` with one
-    hidden layer, float32) on a tree whose node state is the TensorDict of
-    ``search_root`` (latent, LSTM state, prefix, steps; contiguous CPU leaves
-    of the dtypes the kernel reads).
-    """
-    if ops is None or not hasattr(ops, "ez_search") or not isinstance(tree.embeddings, TensorDictBase):
-        return None
-    get = getattr(model, "fused_value_prefix_weights", None)
-    if get is None or set(tree.embeddings.keys()) != set(_cpp.EZ_STATE_KEYS):
-        return None
-    leaves = [tree.embeddings.get(key) for key in _cpp.EZ_STATE_KEYS]
-    dtypes = (torch.float32,) * 4 + (torch.int64,)
-    if any(not isinstance(t, torch.Tensor) or t.dtype != d or not t.is_contiguous() for t, d in zip(leaves, dtypes)):
-        return None
-    if leaves[0].dim() != 3:
-        return None
-    return get()
-
-
-def _fused_unizero_weights(model, ops, tree: Tree):
-    """The tensors for the C++ fused UniZero search when it can run this search, else ``None``.
-
-    As :func:`_fused_value_prefix_weights`, for a ``UniZeroModel`` the kernel
-    mirrors (:func:`~torchrl_muzero.modules.unizero.fused.fused_unizero_weights`)
-    on a tree whose node state is its ``search_root``'s (``kv`` present exactly
-    when the model caches). A torch UniZero step costs ~2.4 ms of per-op
-    dispatch at B = 1, which hid the KV cache's saving.
-    """
-    if ops is None or not hasattr(ops, "unizero_search") or not isinstance(tree.embeddings, TensorDictBase):
-        return None
-    if getattr(model, "fused_unizero_weights", None) is None:
-        return None
-    keys = set(tree.embeddings.keys())
-    expected = set(UZ_STATE_KEYS) if getattr(model, "kv_cache", False) else set(UZ_STATE_KEYS[:3])
-    if keys != expected:
-        return None
-    dtypes = {"latents": torch.float32, "actions": torch.int64, "length": torch.int64, "kv": torch.float32}
-    for key in keys:
-        t = tree.embeddings.get(key)
-        if not isinstance(t, torch.Tensor) or t.dtype != dtypes[key] or not t.is_contiguous():
-            return None
-    return model.fused_unizero_weights()
+    if ops is None:
+        return False
+    spec = fused_spec_of(model)
+    if spec is None:
+        return False
+    entry = entries.get(spec.kernel)
+    if entry is None or getattr(ops, entry[0], None) is None or not spec.matches(tree.embeddings):
+        return False
+    entry[1](tree, spec, config, root_rule, interior_rule, discount)
+    return True
 
 
 def check_action_mask(action_mask: torch.Tensor | None, B: int, A: int, device) -> torch.Tensor:
@@ -252,10 +237,11 @@ def run_rules(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, d
 def run_engine(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float) -> str:
     """Run a prepared tree's simulations on the fastest path for ``config.backend`` and the model.
 
-    The fused C++ search (network included) when the model offers
-    ``fused_search_weights`` (MuZero), ``fused_value_prefix_weights``
-    (EfficientZero) or ``fused_unizero_weights`` (UniZero) and the kernel knows both rules, else the shared
-    loop (:func:`~torchrl_muzero.mcts.loop.run_search`) with the C++ or torch
+    The fused C++ search (network included) when the kernel knows both rules
+    and the model's ``fused_kernel_spec()`` is one of :data:`FUSED_ENTRIES`
+    (``"mlp"``: MuZero, ``"ez"``: EfficientZero, ``"unizero"``: UniZero) for
+    this tree (:func:`_run_fused`), else the shared loop
+    (:func:`~torchrl_muzero.mcts.loop.run_search`) with the C++ or torch
     bookkeeping. Every variant policy ends its preparation here. Returns the
     engine that ran (:data:`ENGINES`): a fused search's results differ from
     the torch model's in the last bits, so a policy may read such a tree in
@@ -263,22 +249,8 @@ def run_engine(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, 
     """
     ops = _resolve_backend(config, tree.visit_count.device)
     cpp_rules = cpp_rules_supported(ops, root_rule, interior_rule)
-    if cpp_rules:
-        # Every simulation in one C++ call (select, network, expand, backup).
-        fused = _fused_mlp_weights(model, ops, tree)
-        if fused is not None:
-            tensors, reward_eps, value_eps = fused
-            _cpp.cpp_mlp_search(tree, tensors, reward_eps, value_eps, root_rule, interior_rule,
-                                config.kernel_precision)
-            return "cpp-fused"
-        fused = _fused_value_prefix_weights(model, ops, tree)
-        if fused is not None:
-            _cpp.cpp_ez_search(tree, fused, root_rule, interior_rule, config.kernel_precision)
-            return "cpp-fused"
-        fused = _fused_unizero_weights(model, ops, tree)
-        if fused is not None:
-            _cpp.cpp_unizero_search(tree, fused, root_rule, interior_rule, config.kernel_precision)
-            return "cpp-fused"
+    if cpp_rules and _run_fused(model, ops, tree, config, root_rule, interior_rule, discount, FUSED_ENTRIES):
+        return "cpp-fused"
     # the loop descends in C++ exactly when the kernel knows both rules (loop.run_search)
     run_search(tree, step_of(model), config.num_simulations, root_rule, interior_rule, discount, ops)
     return "cpp" if cpp_rules else "torch"

@@ -27,9 +27,9 @@ allows it, the tree is on the CPU and the loaded kernel lists both rules'
 ``cpp_rule`` names (pUCT at the root, ``"stochastic"`` inside); otherwise in
 batched torch ops (any device). With the kernel, a
 ``StochasticMuZeroMLPModel`` with one hidden layer per network is searched
-in a single C++ call, network included (``_fused_stochastic_weights``,
-``csrc/stochastic_search.cpp``); other models are called once per
-simulation.
+in a single C++ call, network included (its ``fused_kernel_spec()`` is
+``"stochastic"``, ``csrc/stochastic_search.cpp``); other models are called
+once per simulation.
 """
 from __future__ import annotations
 
@@ -38,7 +38,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDictBase
 
 from torchrl_muzero.mcts import _cpp
 from torchrl_muzero.mcts.config import MCTSConfig
@@ -46,9 +45,10 @@ from torchrl_muzero.mcts.loop import cpp_rules_supported, run_search, start_tree
 from torchrl_muzero.mcts.noise import sample_dirichlet
 from torchrl_muzero.mcts.puct import selectable
 from torchrl_muzero.mcts.rules import PUCT
-from torchrl_muzero.mcts.search import (SearchResult, _resolve_backend, check_action_mask, search_observations,
-                                        select_action)
+from torchrl_muzero.mcts.search import (SearchResult, _resolve_backend, _run_fused, check_action_mask,
+                                        search_observations, select_action)
 from torchrl_muzero.mcts.tree import Tree
+from torchrl_muzero.modules.fused_spec import FusedSpec
 from torchrl_muzero.modules.step import ModelStep
 
 __all__ = ["ChanceRule", "StochasticRule", "stochastic_muzero_search", "stochastic_search"]
@@ -136,25 +136,15 @@ class StochasticRule:
         return torch.where(is_chance, self.chance(tree, node, depth), self.decision(tree, node, depth))
 
 
-def _fused_stochastic_weights(model, ops, tree: Tree):
-    """The weights for the C++ fused Stochastic MuZero search when it can run this search, else ``None``.
+def _run_stochastic(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule,
+                    discount: float) -> None:
+    _cpp.cpp_stochastic_search(tree, spec.tensors, *spec.floats, discount, root_rule, interior_rule,
+                               config.kernel_precision)
 
-    Taken with the C++ kernel (``ops``: backend "auto" or "cpp", rules
-    supported) for models that offer ``fused_search_weights()``
-    (``StochasticMuZeroMLPModel`` with one hidden layer, float32) on a node
-    state of a flat float32 ``"latent"`` and a bool ``"is_chance"``. The fused
-    network rounds differently from BLAS in the last bits, so near-tied
-    choices can differ from the torch path (test/test_stochastic_fused.py).
-    """
-    if ops is None or not hasattr(ops, "stochastic_search") or not isinstance(tree.embeddings, TensorDictBase):
-        return None
-    latent, is_chance = tree.embeddings.get("latent", None), tree.embeddings.get("is_chance", None)
-    if latent is None or is_chance is None or latent.dtype != torch.float32 or latent.dim() != 3:
-        return None
-    if is_chance.dtype != torch.bool or not (latent.is_contiguous() and is_chance.is_contiguous()):
-        return None
-    get = getattr(model, "fused_search_weights", None)
-    return None if get is None else get()
+
+#: Stochastic MuZero's fused entry (``search._run_fused``'s ``entries``): ``StochasticMuZeroMLPModel`` with one
+#: hidden layer per network, float32, on the ``{"latent", "is_chance"}`` node state its spec declares.
+_FUSED_ENTRIES = {"stochastic": ("stochastic_search", _run_stochastic)}
 
 
 def stochastic_muzero_search(
@@ -171,7 +161,7 @@ def stochastic_muzero_search(
     ``root`` is ``model.search_root(observation)`` (logits ``[B, A + C]``,
     ``-inf`` on the chance slots); ``model.search_step(state, slot,
     discount=config.discount)`` expands the tree, or, with the C++ kernel
-    and a model whose ``fused_search_weights()`` is not ``None``, the fused
+    and a model whose ``fused_kernel_spec()`` is ``"stochastic"``, the fused
     C++ search runs the same step in its own loops (all simulations in one
     call; a few float ulps from the torch model). ``action_mask [B, A]``
     masks the root's actions. The result's ``visit_counts``,
@@ -220,11 +210,8 @@ def stochastic_muzero_search(
                 f"({decision.cpp_rule!r} at the root, {interior.cpp_rule!r} inside); use backend='auto' or 'torch'."
             )
         ops = None
-    fused = _fused_stochastic_weights(model, ops, tree)
-    if fused is not None:  # every simulation in one C++ call (select, network, expand, backup)
-        tensors, reward_eps, value_eps = fused
-        _cpp.cpp_stochastic_search(tree, tensors, reward_eps, value_eps, config.discount, decision, interior,
-                                   config.kernel_precision)
+    # every simulation in one C++ call (select, network, expand, backup) when the model's spec is "stochastic"
+    if _run_fused(model, ops, tree, config, decision, interior, config.discount, _FUSED_ENTRIES):
         engine = "cpp-fused"
     else:
         step = functools.partial(model.search_step, discount=config.discount)

@@ -29,6 +29,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torch.nn import functional as F
 
+from torchrl_muzero.modules.fused_spec import FusedSpec, StateLeaf
 from torchrl_muzero.modules.mlp import MuZeroMLPModel, fused_kernel_tensors
 from torchrl_muzero.modules.model import MuZeroModel, scale_latent
 from torchrl_muzero.modules.resnet import MuZeroResNetModel, _norm
@@ -37,6 +38,13 @@ from torchrl_muzero.modules.step import ModelStep
 __all__ = ["EfficientZeroModel", "EfficientZeroMLPModel", "EfficientZeroResNetModel"]
 
 LSTMState = tuple[torch.Tensor, torch.Tensor]
+
+#: The node state of an EfficientZero tree as the fused ``"ez"`` entry reads it, in its order
+#: (``mcts._cpp.EZ_STATE_KEYS``): the latent ``[B, N, L]``, the LSTM state, the stored prefix, the
+#: steps since the last reset.
+EZ_NODE_STATE = (StateLeaf("latent", torch.float32, 3), StateLeaf("lstm_h", torch.float32),
+                 StateLeaf("lstm_c", torch.float32), StateLeaf("value_prefix", torch.float32),
+                 StateLeaf("steps", torch.int64))
 
 _NO_REWARD = (
     "{name} predicts value prefixes, not rewards: train it with "
@@ -202,6 +210,11 @@ class EfficientZeroModel(MuZeroModel):
     def fused_search_weights(self) -> None:
         """``None``: MuZero's fused C++ search reads a reward head (the MLP model has
         :meth:`EfficientZeroMLPModel.fused_value_prefix_weights` for its own fused search)."""
+        return None
+
+    def fused_kernel_spec(self) -> FusedSpec | None:
+        """``None``: the kernel's ``"mlp"`` entry reads a reward head, not a value-prefix LSTM (this comes
+        before ``MuZeroMLPModel`` in the MRO; :meth:`EfficientZeroMLPModel.fused_kernel_spec` is ``"ez"``)."""
         return None
 
     # -- search API ----------------------------------------------------------------------
@@ -401,6 +414,27 @@ class EfficientZeroMLPModel(EfficientZeroModel, MuZeroMLPModel):
             float(ln.eps),
             self.lstm_horizon_len,
         )
+
+    def fused_kernel_spec(self) -> FusedSpec | None:
+        """The fused EfficientZero search (kernel entry ``"ez"``) on :meth:`fused_value_prefix_weights`, or ``None``.
+
+        The node state is :meth:`search_root`'s TensorDict (:data:`EZ_NODE_STATE`).
+        Built on :meth:`fused_value_prefix_weights`, so setting that to
+        ``lambda: None`` on an instance keeps the search out of the fused kernel.
+
+        Examples:
+            >>> from torchrl_muzero.modules import EfficientZeroMLPModel
+            >>> model = EfficientZeroMLPModel((4,), 2, latent_dim=8, hidden_dim=8, lstm_hidden_size=8)
+            >>> spec = model.fused_kernel_spec()
+            >>> spec.kernel, spec.ints, [leaf.key for leaf in spec.node_state]
+            ('ez', (5,), ['latent', 'lstm_h', 'lstm_c', 'value_prefix', 'steps'])
+        """
+        fused = self.fused_value_prefix_weights()
+        if fused is None:
+            return None
+        tensors, reward_eps, value_eps, ln_eps, horizon = fused
+        return FusedSpec("ez", tensors, ints=(horizon,), floats=(reward_eps, value_eps, ln_eps),
+                         node_state=EZ_NODE_STATE)
 
 
 class EfficientZeroResNetModel(EfficientZeroModel, MuZeroResNetModel):

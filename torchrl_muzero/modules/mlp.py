@@ -7,9 +7,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from torchrl_muzero.modules.fused_spec import FusedSpec, StateLeaf
 from torchrl_muzero.modules.model import MuZeroModel, scale_latent
 
 __all__ = ["MuZeroMLPModel"]
+
+# MuZero's node state: the plain latent tree [B, N, L] (the kernel writes each new node's latent)
+_LATENT_STATE = (StateLeaf(None, torch.float32, 3),)
 
 
 def _mlp(in_dim: int, hidden: int, out_dim: int, layers: int = 1) -> nn.Sequential:
@@ -163,3 +167,23 @@ class MuZeroMLPModel(MuZeroModel):
             self.reward_support.epsilon,
             self.value_support.epsilon,
         )
+
+    def fused_kernel_spec(self) -> FusedSpec | None:
+        """The fused MuZero search (kernel entry ``"mlp"``) on :meth:`fused_search_weights`, or ``None``.
+
+        The node state is the flat float32 latent tree ``[B, N, latent_dim]``.
+        Built on :meth:`fused_search_weights`, so setting that to ``lambda: None``
+        on an instance keeps the search out of the fused kernel.
+
+        Examples:
+            >>> from torchrl_muzero.modules import MuZeroMLPModel
+            >>> MuZeroMLPModel((4,), 2, latent_dim=8, hidden_dim=8).fused_kernel_spec().kernel
+            'mlp'
+            >>> MuZeroMLPModel((4,), 2, latent_dim=8, hidden_dim=8, num_layers=2).fused_kernel_spec() is None
+            True
+        """
+        fused = self.fused_search_weights()
+        if fused is None:
+            return None
+        tensors, reward_eps, value_eps = fused
+        return FusedSpec("mlp", tensors, floats=(reward_eps, value_eps), node_state=_LATENT_STATE)

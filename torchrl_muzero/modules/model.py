@@ -20,6 +20,8 @@ import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
 
+from torchrl_muzero.envs.action_spaces import read_action_index
+from torchrl_muzero.modules.fused_spec import FusedSpec
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport, inverse_signed_hyperbolic
 
@@ -56,10 +58,9 @@ class _RecurrentStep(nn.Module):
 
     def forward(self, latent, action):
         model = self._model[0]
-        if action.ndim == 2 and action.shape[-1] == model.num_actions and action.shape[0] == latent.shape[0]:
-            action = action.argmax(-1)  # one-hot actions (torchrl's OneHot spec)
-        elif action.ndim == 2 and action.shape[-1] == 1:
-            action = action.squeeze(-1)
+        # one-hot [B, A] (torchrl's OneHot spec) or [*, 1] indices -> [B]; recurrent_inference checks the rest
+        action = read_action_index(action, model.num_actions, latent.shape[:1], single="one_hot",
+                                   squeeze_any_lead=True)
         next_latent, reward_logits, policy_logits, value_logits = model.recurrent_inference(
             latent, action
         )
@@ -218,6 +219,17 @@ class MuZeroModel(nn.Module):
         """One interior step of the search: the new node below ``(state [B, ...], action [B])``."""
         next_latent, reward, policy_logits, value = self.recurrent_inference_scalar(state, action)
         return ModelStep(next_latent, reward, policy_logits, value)
+
+    def fused_kernel_spec(self) -> FusedSpec | None:
+        """The one fused C++ search (network included) this model offers, or ``None``: then the search
+        calls :meth:`search_step` per simulation (:mod:`torchrl_muzero.modules.fused_spec`).
+
+        ``None`` here; the models the kernel mirrors (``MuZeroMLPModel``,
+        ``EfficientZeroMLPModel``, ``StochasticMuZeroMLPModel`` with one
+        hidden layer) override it, and so may a user's model that matches one
+        of the kernel's entries.
+        """
+        return None
 
     def decode_reward_and_value(
         self, reward_logits: torch.Tensor, value_logits: torch.Tensor

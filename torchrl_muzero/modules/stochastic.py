@@ -35,11 +35,15 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torch.nn import functional as F
 
+from torchrl_muzero.modules.fused_spec import FusedSpec, StateLeaf
 from torchrl_muzero.modules.mlp import _mlp, fused_kernel_tensors
 from torchrl_muzero.modules.model import MuZeroModel, scale_latent
 from torchrl_muzero.modules.step import ModelStep
 
 __all__ = ["StochasticMuZeroModel", "StochasticMuZeroMLPModel", "straight_through_one_hot"]
+
+# The node state the fused "stochastic" entry reads and writes: the latent (or afterstate) and the node kind.
+_STOCHASTIC_STATE = (StateLeaf("latent", torch.float32, 3), StateLeaf("is_chance", torch.bool))
 
 
 def straight_through_one_hot(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -399,3 +403,25 @@ class StochasticMuZeroMLPModel(StochasticMuZeroModel):
             self.reward_support.epsilon,
             self.value_support.epsilon,
         )
+
+    def fused_kernel_spec(self) -> FusedSpec | None:
+        """The fused Stochastic MuZero search (kernel entry ``"stochastic"``) on :meth:`fused_search_weights`,
+        or ``None``.
+
+        The node state is :meth:`search_root`'s: a float32 ``"latent"``
+        ``[B, N, L]`` and the bool node kind ``"is_chance"``. Built on
+        :meth:`fused_search_weights`, so setting that to ``lambda: None`` on an
+        instance keeps the search out of the fused kernel.
+
+        Examples:
+            >>> from torchrl_muzero.modules import StochasticMuZeroMLPModel
+            >>> model = StochasticMuZeroMLPModel((4,), 2, chance_space_size=3, latent_dim=8, hidden_dim=8)
+            >>> spec = model.fused_kernel_spec()
+            >>> spec.kernel, [leaf.key for leaf in spec.node_state]
+            ('stochastic', ['latent', 'is_chance'])
+        """
+        fused = self.fused_search_weights()
+        if fused is None:
+            return None
+        tensors, reward_eps, value_eps = fused
+        return FusedSpec("stochastic", tensors, floats=(reward_eps, value_eps), node_state=_STOCHASTIC_STATE)

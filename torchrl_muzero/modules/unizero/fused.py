@@ -35,14 +35,18 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from torchrl_muzero.modules.fused_spec import StateLeaf
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.unizero.norm import SimNorm
 
 __all__ = ["fused_unizero_weights", "fused_root", "fused_root_from_leaves", "fused_root_window", "fused_search_step",
-           "kernel_enabled", "use_kernel", "UZ_STATE_KEYS"]
+           "kernel_enabled", "use_kernel", "UZ_NODE_STATE", "UZ_STATE_KEYS"]
 
 #: The node-state keys of a UniZero tree in the cache mode (the recompute mode has no ``"kv"``).
 UZ_STATE_KEYS = ("latents", "actions", "length", "kv")
+#: That node state as the fused ``"unizero"`` entry reads it (:meth:`UniZeroModel.fused_kernel_spec`).
+UZ_NODE_STATE = tuple(StateLeaf(key, dtype) for key, dtype in zip(
+    UZ_STATE_KEYS, (torch.float32, torch.int64, torch.int64, torch.float32)))
 
 _EMPTY = torch.empty(0)
 # model -> (weak refs to its modules, their members' ids, its tensors, storage key, fused tensors): collecting

@@ -80,11 +80,13 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
 from torch import nn
 
+from torchrl_muzero.modules.fused_spec import FusedSpec
 from torchrl_muzero.modules.model import MuZeroModel
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport
 from torchrl_muzero.modules.unizero.encoder import MLPEncoder
-from torchrl_muzero.modules.unizero.fused import fused_root_from_leaves, fused_root_window, fused_unizero_weights
+from torchrl_muzero.modules.unizero.fused import (UZ_NODE_STATE, fused_root_from_leaves, fused_root_window,
+                                                  fused_unizero_weights)
 from torchrl_muzero.modules.unizero.norm import make_latent_norm
 from torchrl_muzero.modules.unizero.transformer import CausalTransformer
 
@@ -545,6 +547,27 @@ class UniZeroModel(nn.Module):
     def fused_unizero_weights(self) -> tuple[list[torch.Tensor], list[int], list[float]] | None:
         """The C++ fused search's tensors for this model, or ``None`` when it cannot run it (:mod:`.fused`)."""
         return fused_unizero_weights(self)
+
+    def fused_kernel_spec(self) -> FusedSpec | None:
+        """The fused UniZero search (kernel entry ``"unizero"``) on :meth:`fused_unizero_weights`, or ``None``.
+
+        The node state is :meth:`search_root`'s: ``latents``, ``actions``,
+        ``length`` and, with ``kv_cache``, ``kv`` (:data:`.fused.UZ_NODE_STATE`).
+        The tensors are :func:`.fused.fused_unizero_weights`'s cached ones.
+
+        Examples:
+            >>> from torchrl_muzero.modules.unizero import UniZeroModel
+            >>> model = UniZeroModel((4,), 2, embed_dim=16, num_heads=2, context_length=2, max_blocks=5,
+            ...                      kv_cache=False)
+            >>> spec = model.fused_kernel_spec()
+            >>> spec.kernel, [leaf.key for leaf in spec.node_state]
+            ('unizero', ['latents', 'actions', 'length'])
+        """
+        fused = self.fused_unizero_weights()
+        if fused is None:
+            return None
+        tensors, ints, floats = fused
+        return FusedSpec("unizero", tensors, ints, floats, UZ_NODE_STATE if self.kv_cache else UZ_NODE_STATE[:3])
 
     @staticmethod
     def node_latent(state: TensorDictBase) -> torch.Tensor:
