@@ -18,7 +18,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names"]
+__all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names", "algorithms_for", "check_action_space"]
 
 _REGISTRY: dict[str, "Algorithm"] = {}
 _MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context",
@@ -57,7 +57,9 @@ class Algorithm:
             encoder).
         buffer_kwargs: ``(cfg) -> dict`` of further
             :class:`~torchrl_muzero.data.GameBuffer` keyword arguments
-            (EfficientZero's off-policy correction).
+            (EfficientZero's off-policy correction; the per-step entries a
+            variant stores beyond MuZero's, ``extra_entries=[ReplayEntry(...)]``,
+            and the ``reanalyze_entries`` hook that refreshes them).
         acting_memory: ``(cfg) -> ActingMemory | None``: what the policy
             carries per env between steps (``muzero_context``'s rolled latent,
             ``muzero_rnn_full_obs``'s GRU state;
@@ -66,6 +68,10 @@ class Algorithm:
         config_keys: the ``algo.*`` keys this algorithm reads; setting
             another algorithm's key is an error, not silently ignored.
         summary: one line for listings and docs.
+        action_kinds: the kinds of action space it supports
+            (:attr:`ActionSpace.kind <torchrl_muzero.envs.action_spaces.ActionSpace.kind>`):
+            ``("discrete",)`` for every algorithm today; the trainers refuse
+            an env of another kind at start (:func:`check_action_space`).
 
     Examples:
         >>> from torchrl_muzero.algorithms import get_algorithm
@@ -88,6 +94,7 @@ class Algorithm:
     acting_memory: Callable[[Any], Any] = _no_memory
     config_keys: tuple[str, ...] = field(default_factory=tuple)
     summary: str = ""
+    action_kinds: tuple[str, ...] = ("discrete",)
 
 
 def register(algorithm: Algorithm) -> Algorithm:
@@ -137,3 +144,52 @@ def get_algorithm(name: str) -> Algorithm:
         hint = f" Did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"config key 'algo.name' is {name!r}.{hint} Known algorithms: {', '.join(known)}.")
     return _REGISTRY[name]
+
+
+#: the algorithms planned for an action kind no registered algorithm supports yet (named in the refusal)
+_PLANNED = {"continuous": "sampled_muzero, sampled_efficientzero and sampled_unizero"}
+
+
+def algorithms_for(kind: str) -> str:
+    """One phrase naming the registered algorithms that support action spaces of ``kind``.
+
+    Examples:
+        >>> from torchrl_muzero.algorithms.registry import algorithms_for
+        >>> algorithms_for("continuous")
+        'no algorithm supports continuous actions yet (sampled_muzero, sampled_efficientzero and sampled_unizero will)'
+        >>> algorithms_for("discrete")  # doctest: +ELLIPSIS
+        'the algorithms that support discrete actions: muzero, efficientzero, ...'
+    """
+    names = [name for name in algorithm_names() if kind in get_algorithm(name).action_kinds]
+    if names:
+        return f"the algorithms that support {kind} actions: {', '.join(names)}"
+    planned = f" ({_PLANNED[kind]} will)" if kind in _PLANNED else ""
+    return f"no algorithm supports {kind} actions yet{planned}"
+
+
+def check_action_space(algorithm: "Algorithm | str", space: Any, env: str = "the env") -> None:
+    """Raise a one-line ``ConfigError`` unless ``algorithm`` supports the kind of ``space``.
+
+    ``space``: an :class:`~torchrl_muzero.envs.action_spaces.ActionSpace`
+    (its ``kind`` and ``describe()``); ``env``: how the message names the env.
+    The trainers call it on their probe env, before any model or process exists.
+
+    Examples:
+        >>> from torchrl_muzero.algorithms.registry import check_action_space
+        >>> from torchrl_muzero.envs.action_spaces import BoxActionSpace, DiscreteActionSpace
+        >>> check_action_space("muzero", DiscreteActionSpace(2, one_hot=True))
+        >>> check_action_space("muzero", BoxActionSpace(-2.0, 2.0, (1,)), "env.id='Pendulum-v1'")
+        Traceback (most recent call last):
+        ...
+        torchrl_muzero.trainers.config.ConfigError: config key 'algo.name' is 'muzero', which supports discrete actions only, but env.id='Pendulum-v1' has continuous actions (1 dim in [-2, 2]): no algorithm supports continuous actions yet (sampled_muzero, sampled_efficientzero and sampled_unizero will).
+    """
+    algo = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
+    if space.kind in algo.action_kinds:
+        return
+    from torchrl_muzero.trainers.config import ConfigError
+
+    supported = " and ".join(algo.action_kinds)
+    raise ConfigError(
+        f"config key 'algo.name' is {algo.name!r}, which supports {supported} actions only, but {env} has "
+        f"{space.kind} actions ({space.describe()}): {algorithms_for(space.kind)}."
+    )

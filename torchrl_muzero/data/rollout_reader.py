@@ -17,6 +17,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from torchrl_muzero.data.frames import FrameStack
+from torchrl_muzero.data.replay_entries import ReplayEntry, read_entries
+from torchrl_muzero.envs.action_spaces import read_action_index
 
 __all__ = ["RowSpec", "check_continuations", "episode_starts", "read_rollout"]
 
@@ -33,15 +35,17 @@ def _scalar_column(x: torch.Tensor, name: str, m: int) -> torch.Tensor:
     return x
 
 
-def read_rollout(rollout: TensorDictBase, observation_key: Any, device: torch.device) -> dict:
+def read_rollout(rollout: TensorDictBase, observation_key: Any, device: torch.device,
+                 entries: tuple[ReplayEntry, ...] = ()) -> dict:
     """Flatten a ``[envs, T]`` (or flat) rollout into ``[m]`` columns on ``device``.
 
     Returns a dict of tensors (``"obs"``, ``"next_obs"``, ``"action"`` as
     indices, ``"reward"``, ``"traj"``, ``"search_policy"``, ``"root_value"``,
     ``"done"``, ``"terminated"``, ``"policy_version"`` (-1 when absent), and
     ``"action_mask"``, ``"next_action_mask"``, ``"to_play"``,
-    ``"next_to_play"`` or None) plus ``"m"``, the number of rows kept after
-    ``("collector", "mask")``.
+    ``"next_to_play"`` or None), ``"entries"`` (the declared ``entries``
+    as a ``[m]`` TensorDict, None when none are declared) plus ``"m"``, the
+    number of rows kept after ``("collector", "mask")``.
     """
     bd = rollout.batch_dims
     m = rollout.batch_size.numel()
@@ -100,12 +104,10 @@ def read_rollout(rollout: TensorDictBase, observation_key: Any, device: torch.de
         raise ValueError(f"rollout entry 'search_policy' must be [..., num_actions], got {tuple(sp.shape)} after flattening.")
     num_actions = sp.shape[1]
     action = out["action"]
-    if action.shape == (m, num_actions) and num_actions > 1:
-        action = action.argmax(-1)  # one-hot
-    else:
-        action = _scalar_column(action, "action", m)
-        if action.is_floating_point():
-            raise ValueError("rollout entry 'action' must hold integer indices or one-hot vectors, got floats.")
+    # one-hot [m, A] (A > 1; any dtype) or [m, 1] indices -> [m]; other shapes are _scalar_column's error
+    action = _scalar_column(read_action_index(action, num_actions, (m,), single="index"), "action", m)
+    if action.is_floating_point():
+        raise ValueError("rollout entry 'action' must hold integer indices or one-hot vectors, got floats.")
     action = action.long()
     if m and (int(action.min()) < 0 or int(action.max()) >= num_actions):
         raise ValueError(f"rollout actions must lie in [0, {num_actions}), got [{int(action.min())}, {int(action.max())}].")
@@ -116,12 +118,14 @@ def read_rollout(rollout: TensorDictBase, observation_key: Any, device: torch.de
             f"observation {tuple(out['obs'].shape)} and ('next', observation) {tuple(out['next_obs'].shape)} differ in shape."
         )
 
+    out["entries"] = read_entries(rollout, entries, bd, m, device)
+
     mask = get(("collector", "mask"), required=False)
     if mask is not None:
         keep = _scalar_column(mask, "('collector', 'mask')", m).bool()
         if not bool(keep.all()):
             idx = keep.nonzero().squeeze(-1)
-            out = {k: (v[idx] if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
+            out = {k: (v[idx] if isinstance(v, (torch.Tensor, TensorDictBase)) else v) for k, v in out.items()}
             m = int(idx.numel())
     out["m"] = m
     return out
@@ -189,9 +193,11 @@ class RowSpec:
     obs_dtype: torch.dtype
     has_action_mask: bool
     has_to_play: bool
+    #: the declared extra entries (the buffer's, not the rollout's: saved apart from :meth:`to_state`)
+    entries: tuple[ReplayEntry, ...] = ()
 
     @classmethod
-    def of(cls, data: dict, frames: FrameStack) -> "RowSpec":
+    def of(cls, data: dict, frames: FrameStack, entries: tuple[ReplayEntry, ...] = ()) -> "RowSpec":
         """The spec of a rollout read by :func:`read_rollout`."""
         obs_shape = torch.Size(data["obs"].shape[1:])
         return cls(
@@ -201,6 +207,7 @@ class RowSpec:
             obs_dtype=data["obs"].dtype,
             has_action_mask=data["action_mask"] is not None,
             has_to_play=data["to_play"] is not None,
+            entries=tuple(entries),
         )
 
     def check(self, data: dict) -> None:
@@ -239,8 +246,9 @@ class RowSpec:
         return spec.to_state()
 
     @classmethod
-    def from_state(cls, state: dict, frames: FrameStack) -> "RowSpec | None":
-        """Inverse of :meth:`to_state`; None for a buffer that never stored a rollout."""
+    def from_state(cls, state: dict, frames: FrameStack, entries: tuple[ReplayEntry, ...] = ()) -> "RowSpec | None":
+        """Inverse of :meth:`to_state` (with the buffer's declared ``entries``); None for a buffer that never
+        stored a rollout."""
         if state["num_actions"] is None:
             return None
         obs_shape = torch.Size(state["obs_shape"])
@@ -251,6 +259,7 @@ class RowSpec:
             obs_dtype=getattr(torch, state["obs_dtype"]),
             has_action_mask=bool(state["has_action_mask"]),
             has_to_play=bool(state["has_to_play"]),
+            entries=tuple(entries),
         )
 
     # ------------------------------------------------------------- payloads
@@ -268,6 +277,8 @@ class RowSpec:
             fields["action_mask"] = torch.ones(n, a, dtype=torch.bool)
         if self.has_to_play:
             fields["to_play"] = torch.zeros(n, dtype=torch.int64)
+        for entry in self.entries:  # last-observation rows keep the default: no search ran there
+            fields[entry.key] = entry.empty(n)
         return TensorDict(fields, batch_size=[n])
 
     def fill_payload(self, payload: TensorDict, pos: torch.Tensor, data: dict, src: torch.Tensor,
@@ -294,3 +305,5 @@ class RowSpec:
                     payload["to_play"][final_pos] = data["next_to_play"][final_src]
                 else:  # players alternate
                     payload["to_play"][final_pos] = data["to_play"][final_src]
+        for entry in self.entries:
+            payload.get(entry.key)[pos] = data["entries"].get(entry.key)[src]

@@ -2,7 +2,9 @@
 import importlib
 
 _WHERE = {
-    "make_env": "factory", "env_spaces": "factory",
+    "make_env": "factory", "env_spaces": "factory", "env_action_space": "factory",
+    "ActionSpace": "action_spaces", "DiscreteActionSpace": "action_spaces", "BoxActionSpace": "action_spaces",
+    "action_space_of": "action_spaces",
     "check_env_id": "env_ids", "is_board_game": "env_ids", "BOARD_GAMES": "env_ids",
 }
 

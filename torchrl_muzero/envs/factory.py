@@ -6,8 +6,9 @@ import multiprocessing
 
 from torchrl.envs import EnvBase, GymEnv, RewardSum, SerialEnv, TransformedEnv
 
-__all__ = ["make_env", "check_env_id", "env_spaces", "is_board_game", "BOARD_GAMES"]
+__all__ = ["make_env", "check_env_id", "env_spaces", "env_action_space", "is_board_game", "BOARD_GAMES"]
 
+from torchrl_muzero.envs.action_spaces import ActionSpace, action_space_of
 from torchrl_muzero.envs.env_ids import BOARD_GAMES, check_env_id, is_board_game  # noqa: F401 (re-exported)
 
 
@@ -78,10 +79,34 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
     return env
 
 
+def env_action_space(env: EnvBase) -> ActionSpace:
+    """The :class:`~torchrl_muzero.envs.action_spaces.ActionSpace` of a batched env's action spec.
+
+    Examples:
+        >>> from torchrl_muzero.envs import env_action_space, make_env
+        >>> from torchrl_muzero.trainers.config import EnvConfig
+        >>> env_action_space(make_env(EnvConfig(), num_envs=2))
+        DiscreteActionSpace(n=2, one_hot=True, dtype=torch.int64, shape=(2,))
+    """
+    return action_space_of(env)
+
+
 def env_spaces(env: EnvBase) -> tuple[tuple[int, ...], int]:
-    """``(observation_shape, num_actions)`` of a batched env, for building a model."""
+    """``(observation_shape, num_actions)`` of a batched env, for building a model.
+
+    Discrete actions only (a continuous env raises ``ValueError``: see
+    :func:`env_action_space`).
+
+    Examples:
+        >>> from torchrl_muzero.envs import env_spaces, make_env
+        >>> from torchrl_muzero.trainers.config import EnvConfig
+        >>> env_spaces(make_env(EnvConfig(), num_envs=2))
+        ((4,), 2)
+    """
     obs_spec = env.observation_spec["observation"]
     obs_shape = tuple(obs_spec.shape[len(env.batch_size) :])
-    action_spec = env.action_spec
-    num_actions = int(action_spec.shape[-1]) if "OneHot" in type(action_spec).__name__ else int(action_spec.space.n)
-    return obs_shape, num_actions
+    space = env_action_space(env)
+    if not space.is_discrete:
+        raise ValueError(f"env_spaces: the env's actions are {space.kind} ({space.describe()}); num_actions exists "
+                         "for discrete actions only (use env_action_space).")
+    return obs_shape, space.num_actions

@@ -10,6 +10,7 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torchrl.envs.utils import ExplorationType, exploration_type
 
+from torchrl_muzero.envs.action_spaces import action_space_of, check_model_action_space
 from torchrl_muzero.mcts.config import MCTSConfig
 from torchrl_muzero.mcts.search import backend_scope, search
 
@@ -36,7 +37,10 @@ class MCTSPolicy(TensorDictModuleBase):
         model: a :class:`~torchrl_muzero.modules.MuZeroModel`.
         config: :class:`~torchrl_muzero.mcts.MCTSConfig`.
         action_spec: the env's action spec; a ``OneHot`` spec gets one-hot
-            actions, anything else action indices. ``None``: indices.
+            actions, a ``Categorical`` one action indices, both of the spec's
+            dtype (:func:`~torchrl_muzero.envs.action_spaces.action_space_of`;
+            a continuous spec is refused: the model takes discrete actions).
+            ``None``: the search's indices.
         generator: optional ``torch.Generator`` on the model's device.
         observation_key / action_key / action_mask_key / to_play_key: keys.
         search_fn: the search to run, with :func:`~torchrl_muzero.mcts.search`'s
@@ -99,15 +103,10 @@ class MCTSPolicy(TensorDictModuleBase):
         if self.memory is not None:
             self.in_keys = [*self.in_keys, *self.memory.keys]
             self.out_keys = [*self.out_keys, *[("next", key) for key in self.memory.keys]]
-        self._one_hot = action_spec is not None and "OneHot" in type(action_spec).__name__
-        if action_spec is not None:
-            n = action_spec.shape[-1] if self._one_hot else getattr(action_spec, "n", None)
-            if n is None and hasattr(action_spec, "space"):
-                n = getattr(action_spec.space, "n", None)
-            if n is not None and int(n) != model.num_actions:
-                raise ValueError(
-                    f"the action spec has {int(n)} actions but the model has {model.num_actions}."
-                )
+        # how the env wants its actions (one-hot or index, its dtype); None: the search's indices as they are
+        self.action_space = action_space_of(action_spec) if action_spec is not None else None
+        if self.action_space is not None:
+            check_model_action_space(self.action_space, model)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         observation = tensordict.get(self.observation_key)
@@ -160,18 +159,7 @@ class MCTSPolicy(TensorDictModuleBase):
         finally:
             self.model.train(was_training)
 
-        action = result.action
-        if self._one_hot:
-            action = torch.nn.functional.one_hot(action, self.model.num_actions)
-            dtype = getattr(self.action_spec, "dtype", None)
-            if dtype is not None:
-                action = action.to(dtype)
-        else:
-            dtype = getattr(self.action_spec, "dtype", None) if self.action_spec is not None else None
-            if dtype is not None:
-                action = action.to(dtype)
-            if self.action_spec is not None and self.action_spec.shape[-1:] == (1,):
-                action = action.unsqueeze(-1)
+        action = result.action if self.action_space is None else self.action_space.encode(result.action)
         action = action.to(out_device)
         tensordict.set(self.action_key, action.reshape(tuple(batch_shape) + tuple(action.shape[1:])))
         tensordict.set(

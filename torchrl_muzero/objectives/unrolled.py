@@ -35,6 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 from torchrl.objectives.common import LossModule
 
+from torchrl_muzero.envs.action_spaces import read_action_index
 from torchrl_muzero.objectives.terms import (
     LossTerm,
     default_predictor,
@@ -296,13 +297,8 @@ class UnrolledModelLoss(LossModule):
             )
         A = model.num_actions
 
-        action = tensordict.get(keys.action)
-        if action.ndim == 3 and action.shape[:2] == (B, K1) and action.shape[-1] == A and (
-            action.dtype.is_floating_point or action.dtype == torch.bool or A > 1
-        ):
-            action = action.argmax(-1)  # one-hot
-        elif action.shape == (B, K1, 1) and not action.dtype.is_floating_point:
-            action = action.squeeze(-1)
+        # one-hot [B, K1, A] (with A == 1: float / bool ones) or integer [B, K1, 1] -> [B, K1]
+        action = read_action_index(tensordict.get(keys.action), A, (B, K1), single="by_dtype", squeeze_floats=False)
         if action.shape != (B, K1) or action.dtype.is_floating_point or action.dtype == torch.bool:
             raise ValueError(
                 f"{name}: '{keys.action}' must be integer indices [B, K+1] = [{B}, {K1}] "

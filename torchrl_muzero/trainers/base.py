@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
+from torchrl_muzero.algorithms.registry import check_action_space
 from torchrl_muzero.durable_files import atomic_write_json
-from torchrl_muzero.envs import env_spaces, make_env
+from torchrl_muzero.envs import env_action_space, env_spaces, make_env
 from torchrl_muzero.trainers.bounded_call import call_within
 from torchrl_muzero.trainers.builders import build_buffer, build_model, resolve_device
 from torchrl_muzero.trainers.checkpoint import (
@@ -88,8 +89,11 @@ class TrainerBase:
         self.ckpt_dir = self.run_dir / "ckpt"
 
         probe = make_env(cfg.env, num_envs=1, seed=cfg.seed)
-        self.observation_shape, self.num_actions = env_spaces(probe)
-        probe.close()
+        try:  # an action space the algorithm does not support stops the run here, in one line
+            check_action_space(cfg.algo.name, env_action_space(probe), f"env.id={cfg.env.id!r}")
+            self.observation_shape, self.num_actions = env_spaces(probe)
+        finally:
+            probe.close()
         reclaim_torch_threads(self.torch_threads)
         try:
             model = build_model(cfg, self.observation_shape, self.num_actions)
