@@ -7,6 +7,19 @@ storage layout (capacity, observation key, frame stacking): loading checks
 all of it, and every table's shape and dtype, *before* changing the buffer,
 so a file that does not fit leaves the buffer as it was.
 
+A buffer with declared replay entries (``extra_entries``,
+:mod:`~torchrl_muzero.data.replay_entries`) records them under
+``"entries"`` (absent otherwise, so a buffer without them writes the same
+state as before they existed). A file loads only into a buffer declaring the
+same entries (keys, shapes, dtypes): one saved before them, or without them,
+is refused in one line rather than filled with defaults, which would make
+targets out of values no search produced.
+
+The buffer is read and restored through its public interface only: its
+settings, :attr:`GameBuffer.store <torchrl_muzero.data.GameBuffer.store>`
+(a :class:`~torchrl_muzero.data.replay_store.ReplayStore`),
+``num_samples`` and ``generator``.
+
 Configuration is not state: the models, the reanalyze search (a callable)
 and the target builders belong to the buffer's constructor and are never
 saved.
@@ -17,13 +30,16 @@ import os
 from typing import TYPE_CHECKING
 
 import torch
-from torchrl.data import LazyTensorStorage
 
+from torchrl_muzero.data.replay_entries import describe_entries, entries_state
 from torchrl_muzero.data.rollout_reader import RowSpec
 from torchrl_muzero.durable_files import UnreadableFile, atomic_torch_save, read_tensors_file
 
 if TYPE_CHECKING:
+    from torchrl.data import LazyTensorStorage
+
     from torchrl_muzero.data.game_buffer import GameBuffer
+    from torchrl_muzero.data.replay_store import ReplayStore
 
 __all__ = ["FORMAT", "VERSION", "buffer_state_dict", "load_buffer_file", "load_buffer_state", "save_buffer"]
 
@@ -45,20 +61,46 @@ def storage_layout(buffer: "GameBuffer") -> dict:
 
 def buffer_state_dict(buffer: "GameBuffer") -> dict:
     """Everything needed to resume: storage, row tables, priorities, cursors, RNG."""
-    rows = buffer._rows
-    return {
+    store = buffer.store
+    rows = store.rows
+    state = {
         "format": FORMAT,
         "version": VERSION,
         "layout": storage_layout(buffer),
-        "shapes": RowSpec.state_of(buffer._spec),
-        "cursor": buffer._cursor,
-        "num_samples": buffer._num_samples,
+        "shapes": RowSpec.state_of(store.spec),
+        "cursor": store.cursor,
+        "num_samples": buffer.num_samples,
         "open_traj": torch.tensor([[t, s, w] for t, (s, w) in rows.open.items()], dtype=torch.int64).reshape(-1, 3),
         "rows": {name: t.clone() for name, t in rows.tables().items()},
-        "frames": buffer._frame_store.state_dict(),
-        "steps": buffer._step_store.state_dict(),
-        "generator": buffer._generator.get_state(),
+        "frames": store.frame_storage.state_dict(),
+        "steps": store.step_storage.state_dict(),
+        "generator": buffer.generator.get_state(),
     }
+    if store.entries:  # only then: a buffer without them writes what it wrote before they existed
+        state["entries"] = entries_state(store.entries)
+    return state
+
+
+def _check_entries(store: "ReplayStore", state: dict, steps: "LazyTensorStorage | None", source: str) -> None:
+    """``ValueError`` unless the saved entries are the store's (keys, shapes, dtypes) and ``steps`` (when
+    given, loaded) holds them."""
+    saved, mine = state.get("entries", []), entries_state(store.entries)
+
+    def layout(s: dict) -> tuple:  # the default is configuration, not layout
+        return (tuple(s["key"]) if isinstance(s["key"], list) else s["key"], list(s["shape"]), s["dtype"])
+
+    if [layout(s) for s in saved] != [layout(s) for s in mine]:
+        raise ValueError(f"{source} stores the replay entries {describe_entries(saved)}, this GameBuffer declares "
+                         f"{describe_entries(mine)} (extra_entries must match the buffer that saved it).")
+    if steps is None:
+        return
+    stored = steps._storage  # torchrl's preallocated TensorDict
+    for entry in store.entries:
+        value = stored.get(entry.key, None)
+        if (not isinstance(value, torch.Tensor) or tuple(value.shape) != (store.capacity, *entry.shape)
+                or value.dtype != entry.dtype):
+            raise ValueError(f"{source}: the stored replay entry {entry.key!r} is corrupt "
+                             f"(expected [{store.capacity}, {', '.join(map(str, entry.shape))}] {entry.dtype}).")
 
 
 def load_buffer_state(buffer: "GameBuffer", state: dict, source: str = "state_dict") -> None:
@@ -75,11 +117,12 @@ def load_buffer_state(buffer: "GameBuffer", state: dict, source: str = "state_di
         if diff:
             desc = ", ".join(f"{k}: saved {a!r} vs buffer {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"{source} does not match this GameBuffer ({desc}).")
+        store = buffer.store
+        _check_entries(store, state, None, source)  # the declared ones first: the clearest message
         tables = state["rows"]
-        buffer._rows.check_tables(tables, source)
-        spec = RowSpec.from_state(state["shapes"], buffer.frames)
-        frames = LazyTensorStorage(buffer.capacity, device=buffer.storage_device)
-        steps = LazyTensorStorage(buffer.capacity, device=buffer.storage_device)
+        store.rows.check_tables(tables, source)
+        spec = RowSpec.from_state(state["shapes"], buffer.frames, store.entries)
+        frames, steps = store.new_storages()
         if spec is not None:
             frames.load_state_dict(state["frames"])
             steps.load_state_dict(state["steps"])
@@ -89,20 +132,20 @@ def load_buffer_state(buffer: "GameBuffer", state: dict, source: str = "state_di
                 raise ValueError(
                     f"{source}: the frame storage does not hold [{buffer.capacity}, {tuple(spec.frame_shape)}] frames."
                 )
+            if store.entries:
+                _check_entries(store, state, steps, source)
         open_traj = {int(t): (int(s), int(w)) for t, s, w in state["open_traj"].tolist()}
         cursor = int(state["cursor"])
         num_samples = int(state["num_samples"])
         gen_state = state["generator"]
+        torch.Generator().set_state(gen_state)  # a bad RNG state fails here, before the buffer changes
     except (KeyError, TypeError, IndexError, RuntimeError, AttributeError) as err:
         raise ValueError(f"{source} is a corrupt GameBuffer state ({type(err).__name__}: {err}).") from err
 
-    buffer._frame_store = frames
-    buffer._step_store = steps
-    buffer._spec = spec
-    buffer._cursor = cursor
-    buffer._num_samples = num_samples
-    buffer._generator.set_state(gen_state)
-    buffer._rows.load_tables(tables, open_traj)
+    buffer.store.replace(frame_storage=frames, step_storage=steps, spec=spec, cursor=cursor, tables=tables,
+                         open_traj=open_traj)
+    buffer.num_samples = num_samples
+    buffer.generator.set_state(gen_state)
 
 
 def save_buffer(buffer: "GameBuffer", path: str | os.PathLike) -> None:

@@ -38,9 +38,12 @@ This file is the buffer's public face and the orchestration of
 ``extend`` / ``sample`` / ``update_priority``. The pieces live next to it:
 :mod:`~torchrl_muzero.data.storage_rows` (row kinds, links, eviction, the
 priority tree), :mod:`~torchrl_muzero.data.rollout_reader` (reading
-rollouts, the stored payload), :mod:`~torchrl_muzero.data.sample_batch` (a
-sample's targets from its roots), :mod:`~torchrl_muzero.data.reanalyze` (fresh
-policy / value targets from the current models),
+rollouts, the stored payload), :mod:`~torchrl_muzero.data.replay_entries` (the
+per-step entries an algorithm declares), :mod:`~torchrl_muzero.data.replay_store`
+(the stored rows: the one interface sampling and checkpoints use),
+:mod:`~torchrl_muzero.data.sample_batch` (a sample's targets from its roots),
+:mod:`~torchrl_muzero.data.reanalyze` (fresh policy / value targets from the
+current models),
 :mod:`~torchrl_muzero.data.off_policy_correction`,
 :mod:`~torchrl_muzero.data.target_builders` and
 :mod:`~torchrl_muzero.data.buffer_state` (checkpoints).
@@ -53,12 +56,13 @@ from typing import Any, Iterable
 
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
-from torchrl.data import LazyTensorStorage
 
 from torchrl_muzero.data import buffer_state
 from torchrl_muzero.data.frames import FrameStack
 from torchrl_muzero.data.priority import PriorityTree
-from torchrl_muzero.data.reanalyze import ReanalyzeSearch, muzero_reanalyze
+from torchrl_muzero.data.reanalyze import ReanalyzeSearch
+from torchrl_muzero.data.replay_entries import ROW_KEYS, EntriesHook, ReplayEntry, check_replay_entries
+from torchrl_muzero.data.replay_store import ReplayStore
 from torchrl_muzero.data.root_history import check_root_memory
 from torchrl_muzero.data.rollout_reader import RowSpec, check_continuations, episode_starts, read_rollout
 from torchrl_muzero.data.storage_rows import STEP, RowTable
@@ -147,6 +151,15 @@ class GameBuffer:
             after the MuZero targets, e.g.
             :class:`~torchrl_muzero.data.ValuePrefixTargets` for EfficientZero
             (see :attr:`sample_keys`). Defaults to none.
+        extra_entries (list of ReplayEntry): further per-step entries to read
+            from every rollout (by key; shape and dtype must match), store,
+            checkpoint and sample at the unrolled positions ``[B, K+1, *shape]``
+            (:mod:`~torchrl_muzero.data.replay_entries`). Defaults to none.
+        reanalyze_entries (callable, optional): ``(entries [B, K+1],
+            EntryReanalysis) -> replacements | None``, called once per
+            :meth:`sample` before the target builders; what it returns
+            replaces the sampled ``extra_entries`` in that batch (the storage
+            keeps the rollouts' values). Default none: the stored values.
         device: where model inputs go and where sampled batches are put
             (default: model calls on the model's device, batches on the
             storage device).
@@ -160,8 +173,9 @@ class GameBuffer:
     ``("next", "reward")``, ``("next", "done")`` / ``"terminated"`` /
     ``"truncated"``, ``("collector", "traj_ids")``, ``"search_policy"``
     ``[A]``, ``"root_value"``, and when present ``"policy_version"``,
-    ``"action_mask"``, ``"to_play"`` (and their ``"next"`` counterparts), and
-    ``("collector", "mask")`` (rows where it is False are skipped).
+    ``"action_mask"``, ``"to_play"`` (and their ``"next"`` counterparts),
+    ``("collector", "mask")`` (rows where it is False are skipped), and the
+    ``extra_entries``.
 
     Examples:
         >>> import torch
@@ -224,6 +238,8 @@ class GameBuffer:
         correction_age_scale: float | None = None,
         root_memory: Any = None,
         target_builders: Iterable[TargetBuilder] | None = None,
+        extra_entries: Iterable[ReplayEntry] | None = None,
+        reanalyze_entries: EntriesHook | None = None,
         device: torch.device | str | None = None,
         storage_device: torch.device | str = "cpu",
         seed: int | None = None,
@@ -249,6 +265,8 @@ class GameBuffer:
             raise ValueError(f"reanalyze_ratio must be in [0, 1], got {reanalyze_ratio!r}.")
         if reanalyze_search is not None and not callable(reanalyze_search):
             raise TypeError(f"reanalyze_search must be callable, got {type(reanalyze_search).__name__}.")
+        if reanalyze_entries is not None and not callable(reanalyze_entries):
+            raise TypeError(f"reanalyze_entries must be callable, got {type(reanalyze_entries).__name__}.")
         if value_bootstrap not in _VALUE_BOOTSTRAPS:
             raise ValueError(f"value_bootstrap must be one of {_VALUE_BOOTSTRAPS}, got {value_bootstrap!r}.")
         if off_policy_correction and not (correction_age_scale is not None and float(correction_age_scale) > 0):
@@ -279,6 +297,12 @@ class GameBuffer:
         self.correction_age_scale = None if correction_age_scale is None else float(correction_age_scale)
         self.root_memory = check_root_memory(root_memory, self.two_player)
         self.target_builders = check_target_builders(target_builders)
+        # an entry may not shadow a stored row's name nor a sample's key (the batch holds it under its key)
+        taken = {key: "the stored rows" for key in ROW_KEYS}
+        taken.update({key: "the MuZero targets" for key in MUZERO_SAMPLE_KEYS})
+        taken.update({key: repr(b) for b in self.target_builders for key in b.out_keys})
+        self.extra_entries = check_replay_entries(extra_entries, taken)
+        self.reanalyze_entries = reanalyze_entries
         self.device = None if device is None else torch.device(device)
         self.storage_device = torch.device(storage_device)
         self._generator = torch.Generator()
@@ -287,16 +311,33 @@ class GameBuffer:
         else:
             self._generator.seed()
 
-        self._frame_store = LazyTensorStorage(capacity, device=self.storage_device)
-        self._step_store = LazyTensorStorage(capacity, device=self.storage_device)
-        self._rows = RowTable(capacity, num_frames=self.frames.num_frames, alpha=self.alpha,
-                              priority_eps=self.priority_eps, tree_backend=tree_backend)
-        self._cursor = 0  # rows written so far (absolute write position)
+        rows = RowTable(capacity, num_frames=self.frames.num_frames, alpha=self.alpha,
+                        priority_eps=self.priority_eps, tree_backend=tree_backend)
+        #: the stored rows (frames, payloads, row table, layout, cursor): what sampling and checkpoints read
+        self.store = ReplayStore(capacity, self.frames, rows, storage_device=self.storage_device,
+                                 entries=self.extra_entries)
         self._num_samples = 0
-        self._spec: RowSpec | None = None  # fixed by the first rollout
 
     # ------------------------------------------------------------------ info
-    # the row table's priority tree and running trajectories, under their former names
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator of root draws, padding actions and reanalyze noise (a checkpoint saves its state)."""
+        return self._generator
+
+    @property
+    def num_samples(self) -> int:
+        """:meth:`sample` calls so far: the clock of beta annealing (a checkpoint saves it)."""
+        return self._num_samples
+
+    @num_samples.setter
+    def num_samples(self, value: int) -> None:
+        self._num_samples = int(value)
+
+    # the store's row table, its priority tree and running trajectories, under their former names
+    @property
+    def _rows(self) -> RowTable:
+        return self.store.rows
+
     @property
     def _tree(self) -> PriorityTree:
         return self._rows.tree
@@ -322,7 +363,7 @@ class GameBuffer:
     @property
     def write_count(self) -> int:
         """Rows written since creation (the clock of the sample stamps)."""
-        return self._cursor
+        return self.store.cursor
 
     @property
     def current_beta(self) -> float:
@@ -333,18 +374,14 @@ class GameBuffer:
         return self.beta + (1.0 - self.beta) * frac
 
     @property
-    def sample_keys(self) -> tuple[str, ...]:
-        """Every entry a :meth:`sample` holds: the MuZero targets, then the target builders' keys."""
-        return MUZERO_SAMPLE_KEYS + tuple(k for b in self.target_builders for k in b.out_keys)
+    def sample_keys(self) -> tuple:
+        """Every entry a :meth:`sample` holds: the MuZero targets, the ``extra_entries``, the target builders' keys."""
+        return (MUZERO_SAMPLE_KEYS + tuple(e.key for e in self.extra_entries)
+                + tuple(k for b in self.target_builders for k in b.out_keys))
 
     def nbytes(self) -> int:
         """Bytes held by the storage, the bookkeeping and the priority trees."""
-        total = 0
-        for store in (self._frame_store, self._step_store):
-            if store.initialized:
-                data = store._storage  # the preallocated tensor / TensorDict
-                total += data.nbytes if isinstance(data, torch.Tensor) else data.bytes()
-        return total + self._rows.nbytes()
+        return self.store.nbytes()
 
     def __repr__(self) -> str:
         return (
@@ -371,15 +408,16 @@ class GameBuffer:
         m = rollout.batch_size.numel()
         if m == 0:
             return 0
-        data = read_rollout(rollout, self.observation_key, self.storage_device)
+        data = read_rollout(rollout, self.observation_key, self.storage_device, self.extra_entries)
         m = data["m"]
         if m == 0:
             return 0
-        if self._spec is None:
-            self._spec = RowSpec.of(data, self.frames)
+        store = self.store
+        if store.spec is None:
+            store.spec = RowSpec.of(data, self.frames, self.extra_entries)
         else:
-            self._spec.check(data)
-        spec = self._spec
+            store.spec.check(data)
+        spec = store.spec
 
         segments = self._rows.plan_segments(data["traj"], data["done"], data["terminated"])
         n_new = sum(s["n_rows"] for s in segments)
@@ -390,50 +428,43 @@ class GameBuffer:
             )
 
         newest_obs = self.frames.newest(data["obs"])
-        check_continuations(segments, newest_obs, self._frame_store, self.observation_key)
+        check_continuations(segments, newest_obs, store.frame_storage, self.observation_key)
         fresh_start = episode_starts(segments, data["obs"], self.frames)
 
         # ---- from here on the buffer changes: the row bookkeeping first, then the tensors
-        placed = self._rows.write_block(segments, self._cursor, fresh_start)
-        self._cursor += n_new
+        placed = self._rows.write_block(segments, store.cursor, fresh_start)
+        store.cursor += n_new
         frame_buf = torch.empty((n_new, *spec.frame_shape), dtype=spec.obs_dtype)
         frame_buf[placed.step_pos] = newest_obs[placed.step_src].to(spec.obs_dtype)
         frame_buf[placed.final_pos] = self.frames.newest(data["next_obs"])[placed.final_src].to(spec.obs_dtype)
         payload = spec.empty_payload(n_new)
         spec.fill_payload(payload, placed.step_pos, data, placed.step_src, placed.final_pos, placed.final_src)
-        self._frame_store.set(placed.new_slots, frame_buf.to(self.storage_device))
-        self._step_store.set(placed.new_slots, payload.to(self.storage_device))
+        store.frame_storage.set(placed.new_slots, frame_buf.to(self.storage_device))
+        store.step_storage.set(placed.new_slots, payload.to(self.storage_device))
         if placed.tail_slots.numel():
             tail_payload = spec.empty_payload(placed.tail_slots.numel())
             spec.fill_payload(tail_payload, torch.arange(placed.tail_slots.numel()), data, placed.tail_src, None, None)
-            self._step_store.set(placed.tail_slots, tail_payload.to(self.storage_device))
+            store.step_storage.set(placed.tail_slots, tail_payload.to(self.storage_device))
         return m
 
-    # ---------------------------------------------------------- observations
-    def _observations(self, slots: torch.Tensor) -> torch.Tensor:
-        """Rebuild the stacked observations of rows ``slots`` ``[M]`` -> ``[M, *obs_shape]``."""
-        if self.frames.num_frames == 1:
-            return self._frame_store.get(slots)
-        index, padded = self._rows.stack_slots(slots)
-        frames = self._frame_store.get(index.reshape(-1)).reshape(slots.numel(), *index.shape[1:], *self._spec.frame_shape)
-        return self.frames.rebuild(frames, padded)
-
+    # ------------------------------------------------------------------ rows
     def __getitem__(self, index: Any) -> TensorDict:
         """Stored rows by slot: the rebuilt observation and the step payload.
 
         Holds ``"observation"``, ``"action"``, ``"reward"``, ``"search_policy"``,
         ``"root_value"``, ``"policy_version"``, ``"traj_id"``, ``"stamp"``
-        (write time), ``"is_step"`` (False for last-observation rows) and
-        ``"alive"``.
+        (write time), ``"is_step"`` (False for last-observation rows),
+        ``"alive"``, and the ``extra_entries``.
         """
-        if self._spec is None:
+        store = self.store
+        if store.spec is None:
             raise IndexError("the GameBuffer is empty.")
         slots = torch.as_tensor(index, dtype=torch.long).reshape(-1)
-        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= min(self.capacity, self._cursor)):
-            raise IndexError(f"row index out of range [0, {min(self.capacity, self._cursor)}).")
-        rows = self._rows
-        out = self._step_store.get(slots).clone()
-        out["observation"] = self._observations(slots)
+        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= min(self.capacity, store.cursor)):
+            raise IndexError(f"row index out of range [0, {min(self.capacity, store.cursor)}).")
+        rows = store.rows
+        out = store.steps(slots).clone()
+        out["observation"] = store.observations(slots)
         out["traj_id"] = rows.traj[slots].clone()
         out["stamp"] = rows.write_time[slots].clone()
         out["is_step"] = rows.kind[slots] == STEP
@@ -489,8 +520,10 @@ class GameBuffer:
               times (the same in every column), for :meth:`update_priority`;
             * ``"policy_version"`` (long): the version that searched the root;
 
-            then the entries of the ``target_builders`` (all listed by
-            :attr:`sample_keys`).
+            then the ``extra_entries`` ``[B, K+1, *shape]`` (each entry's
+            default where ``policy_mask`` is False; replaced where a
+            ``reanalyze_entries`` hook says so), then the entries of the
+            ``target_builders`` (all listed by :attr:`sample_keys`).
         """
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
@@ -523,15 +556,6 @@ class GameBuffer:
 
         return assemble_batch(self, roots, weight, model=model, target_model=target_model, num_reanalyze=n_re,
                               policy_version=policy_version)
-
-    def _reanalyze_search(self) -> ReanalyzeSearch:
-        if self.reanalyze_search is not None:
-            return self.reanalyze_search
-        # resolved at each call, so that a changed mcts_config / discount is followed as before
-        from torchrl_muzero.mcts import MCTSConfig
-
-        config = self.mcts_config if self.mcts_config is not None else MCTSConfig(discount=self.discount)
-        return muzero_reanalyze(config)
 
     # ------------------------------------------------------------ priorities
     def update_priority(self, index: Any, priority: Any = None, stamp: Any = None) -> torch.Tensor:

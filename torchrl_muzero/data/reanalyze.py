@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterator
 import torch
 from tensordict import TensorDictBase
 
-__all__ = ["ReanalyzeSearch", "bootstrap_values", "model_device", "muzero_reanalyze", "reanalyze_policies"]
+__all__ = ["ReanalyzeSearch", "bootstrap_values", "model_device", "muzero_reanalyze", "reanalyze_policies",
+           "resolve_reanalyze_search"]
 
 #: ``(model, observation, action_mask, to_play, add_noise, generator) -> policy [n, A]``
 ReanalyzeSearch = Callable[
@@ -73,6 +74,25 @@ def muzero_reanalyze(config: Any, search: Callable[..., Any] | None = None) -> R
 
     search_policy.config = config  # for inspection, and reanalyze_policies builds the root under its backend
     return search_policy
+
+
+def resolve_reanalyze_search(search: ReanalyzeSearch | None, mcts_config: Any, discount: float) -> ReanalyzeSearch:
+    """The reanalyze search a buffer runs: ``search`` if given, else MuZero's with ``mcts_config``
+    (``MCTSConfig(discount=discount)`` when that is None).
+
+    Buffers resolve it at each sample, so a changed ``mcts_config`` / discount is followed.
+
+    Examples:
+        >>> from torchrl_muzero.data.reanalyze import resolve_reanalyze_search
+        >>> resolve_reanalyze_search(None, None, 0.9).config.discount
+        0.9
+    """
+    if search is not None:
+        return search
+    from torchrl_muzero.mcts import MCTSConfig  # imported late: the search package is heavier
+
+    config = mcts_config if mcts_config is not None else MCTSConfig(discount=discount)
+    return muzero_reanalyze(config)
 
 
 def model_device(model: Any, device: torch.device | None = None) -> torch.device:

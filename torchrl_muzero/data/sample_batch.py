@@ -6,9 +6,12 @@ roots and their importance weights; :func:`assemble_batch` walks each root's
 observations, bootstrap states and reanalyze roots share one de-duplicated
 request; with a ``root_memory`` the history windows of the bootstrap states and
 reanalyze roots too), computes the value / reward / policy targets and lets the buffer's
-target builders add their entries. It reads the buffer's state and changes
-nothing but the buffer's generator; it lives apart from ``game_buffer.py``
-because it is the one long piece of the sampling path.
+target builders add their entries. It reads the stored rows through
+:attr:`GameBuffer.store <torchrl_muzero.data.GameBuffer.store>` (a
+:class:`~torchrl_muzero.data.replay_store.ReplayStore`) and the buffer's
+public settings, and changes nothing but the buffer's generator; it lives
+apart from ``game_buffer.py`` because it is the one long piece of the
+sampling path.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ import torch
 from tensordict import TensorDict
 
 from torchrl_muzero.data.off_policy_correction import corrected_td_steps, shorten_horizon
-from torchrl_muzero.data.reanalyze import bootstrap_values, reanalyze_policies
+from torchrl_muzero.data.reanalyze import bootstrap_values, reanalyze_policies, resolve_reanalyze_search
+from torchrl_muzero.data.replay_entries import EntryReanalysis, batch_entries, replace_entries
 from torchrl_muzero.data.root_history import history_window
 from torchrl_muzero.data.target_builders import TargetContext
 from torchrl_muzero.data.targets import plan_value_targets, reward_targets, value_targets
@@ -45,12 +49,14 @@ def assemble_batch(
     search values); the first ``num_reanalyze`` samples get reanalyzed policy
     targets from ``model``.
     """
-    B, K, n, A = roots.numel(), buffer.num_unroll_steps, buffer.td_steps, buffer._spec.num_actions
-    g = buffer._generator
+    store = buffer.store
+    spec = store.spec
+    B, K, n, A = roots.numel(), buffer.num_unroll_steps, buffer.td_steps, spec.num_actions
+    g = buffer.generator
     n_re = num_reanalyze
     J = K + n + 1
-    slots, exists, terminal, is_step = buffer._rows.walk(roots, J)
-    steps = buffer._step_store.get(slots.reshape(-1)).reshape(B, J)
+    slots, exists, terminal, is_step = store.rows.walk(roots, J)
+    steps = store.steps(slots.reshape(-1)).reshape(B, J)
     plan = plan_value_targets(exists, terminal, K, n)
     if buffer.off_policy_correction:  # older roots bootstrap sooner (EfficientZero)
         horizon = corrected_td_steps(steps["policy_version"][:, 0].cpu(), policy_version, n, buffer.correction_age_scale)
@@ -73,7 +79,7 @@ def assemble_batch(
     if use_model_value:
         requests.append(end_slots[need_boot])
         if memory is not None:
-            windows["boot"] = history_window(buffer._rows, end_slots[need_boot], memory.context_length)
+            windows["boot"] = history_window(store.rows, end_slots[need_boot], memory.context_length)
             requests.append(windows["boot"][0].reshape(-1))
     re_pos = None
     if n_re > 0:
@@ -81,14 +87,14 @@ def assemble_batch(
         re_pos[n_re:] = False
         requests.append(slots[:, : K + 1][re_pos])
         if memory is not None:
-            windows["re"] = history_window(buffer._rows, slots[:, : K + 1][re_pos], memory.context_length)
+            windows["re"] = history_window(store.rows, slots[:, : K + 1][re_pos], memory.context_length)
             requests.append(windows["re"][0].reshape(-1))
     unique, inverse = torch.unique(torch.cat(requests), return_inverse=True)
-    obs_unique = buffer._observations(unique)
+    obs_unique = store.observations(unique)
     pieces = list(torch.split(inverse, [r.numel() for r in requests]))
 
     out_device = buffer.device if buffer.device is not None else buffer.storage_device
-    obs = torch.zeros((B, K + 1, *buffer._spec.obs_shape), dtype=buffer._spec.obs_dtype, device=out_device)
+    obs = torch.zeros((B, K + 1, *spec.obs_shape), dtype=spec.obs_dtype, device=out_device)
     obs[:, 0] = obs_unique[pieces.pop(0)].to(out_device)
     obs_mask = torch.zeros(B, K + 1, dtype=torch.bool)
     obs_mask[:, 0] = True
@@ -114,25 +120,28 @@ def assemble_batch(
 
     # policy targets
     target_policy = torch.where(step_k.unsqueeze(-1), head["search_policy"].cpu(), zero)
+    re_obs = None  # the reanalyzed positions' observations (for a reanalyze_entries hook)
     if re_pos is not None and bool(re_pos.any()):
         idx = pieces.pop(0)
         history = _history(buffer, windows["re"], obs_unique[pieces.pop(0)]) if memory is not None else None
-        mask = head["action_mask"].cpu()[re_pos] if buffer._spec.has_action_mask else None
+        mask = head["action_mask"].cpu()[re_pos] if spec.has_action_mask else None
         to_play = None
         if buffer.two_player:  # the search plays both sides when it gets players to move
             to_play = (
-                head["to_play"].cpu()[re_pos] if buffer._spec.has_to_play
+                head["to_play"].cpu()[re_pos] if spec.has_to_play
                 else torch.zeros(int(re_pos.sum()), dtype=torch.long)
             )
+        re_obs = obs_unique[idx]
+        search = resolve_reanalyze_search(buffer.reanalyze_search, buffer.mcts_config, buffer.discount)
         target_policy[re_pos] = reanalyze_policies(
-            buffer._reanalyze_search(), model, obs_unique[idx], mask, to_play, add_noise=buffer.reanalyze_noise,
-            generator=buffer._generator, num_actions=A, device=buffer.device, memory=memory, history=history,
+            search, model, re_obs, mask, to_play, add_noise=buffer.reanalyze_noise,
+            generator=g, num_actions=A, device=buffer.device, memory=memory, history=history,
         )
 
     random_actions = torch.randint(A, (B, K + 1), generator=g)
     action = torch.where(step_k, head["action"].cpu(), random_actions)
     mask = plan.inside | plan.absorbing
-    stamp = buffer._rows.write_time[roots]
+    stamp = store.rows.write_time[roots]
     expand = lambda x: x.unsqueeze(1).expand(B, K + 1).contiguous()  # noqa: E731
     out = TensorDict(
         {
@@ -151,8 +160,16 @@ def assemble_batch(
         },
         batch_size=[B, K + 1],
     )
+    entries = None
+    if buffer.extra_entries:  # the declared per-step entries, at the unrolled positions like target_policy
+        entries = batch_entries(head, step_k, buffer.extra_entries)
+        if buffer.reanalyze_entries is not None:
+            reanalyzed = re_pos if re_obs is not None else torch.zeros_like(step_k)
+            info = EntryReanalysis(model, reanalyzed, re_obs, out["policy_mask"], target_policy)
+            entries = replace_entries(entries, buffer.reanalyze_entries(entries, info), buffer.extra_entries)
+        out.update(entries)
     if buffer.target_builders:
-        context = TargetContext(K, n, buffer.discount, buffer.two_player, rewards, plan)
+        context = TargetContext(K, n, buffer.discount, buffer.two_player, rewards, plan, entries)
         for builder in buffer.target_builders:
             builder.build(out, context)
             missing = [key for key in builder.out_keys if key not in out.keys()]
@@ -166,7 +183,7 @@ def _history(buffer: GameBuffer, window: tuple[torch.Tensor, torch.Tensor], obse
     ``observations [M * L, *obs]`` and the stored actions of its rows."""
     slots, valid = window
     M, L = slots.shape
-    actions = buffer._step_store.get(slots.reshape(-1))["action"].cpu().reshape(M, L)
+    actions = buffer.store.steps(slots.reshape(-1))["action"].cpu().reshape(M, L)
     # the memory acting would carry there, from the window's steps (the memory's own packing)
     return buffer.root_memory.memory_from_steps(observations.reshape(M, L, *observations.shape[1:]), actions,
                                                 valid.sum(1))

@@ -60,6 +60,11 @@ class TargetContext:
             targets (with the off-policy correction's shorter horizons when
             it is on). ``plan.inside | plan.absorbing`` is the batch's
             ``"mask"``; the batch's ``"policy_mask"`` marks stored steps.
+        entries: ``[B, K+1]`` the buffer's declared replay entries
+            (``extra_entries``, :mod:`~torchrl_muzero.data.replay_entries`)
+            at the sampled positions, as the batch holds them (after a
+            ``reanalyze_entries`` hook); ``None`` when none are declared.
+            To read, not to change.
 
     Examples:
         >>> import torch
@@ -69,6 +74,8 @@ class TargetContext:
         >>> ctx = TargetContext(1, 2, 0.997, False, torch.ones(1, 4), plan)
         >>> ctx.rewards.shape
         torch.Size([1, 4])
+        >>> ctx.entries is None  # no declared replay entries
+        True
     """
 
     num_unroll_steps: int
@@ -77,6 +84,7 @@ class TargetContext:
     two_player: bool
     rewards: torch.Tensor
     plan: ValueTargetPlan
+    entries: TensorDict | None = None
 
 
 class TargetBuilder:
