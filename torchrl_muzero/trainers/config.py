@@ -386,6 +386,20 @@ def _build(cls, data: Any, prefix: str):
     return cls(**kwargs)
 
 
+def plain_config(data: Any) -> Any:
+    """A config as plain containers: ``None`` -> ``{}``, an omegaconf ``DictConfig`` resolved, a
+    :class:`TrainConfig` (or any dataclass) as its dict; anything else as it is (``load_config`` checks it)."""
+    if data is None:
+        return {}
+    if hasattr(data, "_content") or type(data).__name__ == "DictConfig":  # omegaconf
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(data, resolve=True)
+    if dataclasses.is_dataclass(data):
+        return config_to_dict(data)
+    return data
+
+
 def load_config(data: Any = None, **overrides: Any) -> TrainConfig:
     """Build a :class:`TrainConfig` from a (nested) mapping, a DictConfig or a dataclass.
 
@@ -401,15 +415,7 @@ def load_config(data: Any = None, **overrides: Any) -> TrainConfig:
         ...
         torchrl_muzero.trainers.config.ConfigError: unknown config key 'mcts.num_simulation'. Did you mean 'mcts.num_simulations'? Valid keys here: num_simulations, discount, pb_c_base, pb_c_init, dirichlet_alpha, dirichlet_fraction, temperature, backend, kernel_precision.
     """
-    if data is None:
-        data = {}
-    if hasattr(data, "_content") or type(data).__name__ == "DictConfig":  # omegaconf
-        from omegaconf import OmegaConf
-
-        data = OmegaConf.to_container(data, resolve=True)
-    elif dataclasses.is_dataclass(data):
-        data = config_to_dict(data)
-    data = _deep_copy(data)
+    data = _deep_copy(plain_config(data))
     data.pop("hydra", None)
     for dotted, value in overrides.items():
         node = data

@@ -31,7 +31,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from torchrl_muzero.trainers.config import ConfigError, ModelConfig, TrainConfig, config_to_dict, load_config
+from torchrl_muzero.trainers.config import ConfigError, ModelConfig, TrainConfig, load_config, plain_config
 
 __all__ = ["FROZEN_KEYS", "saved_run_config", "check_frozen_keys", "load_run_config", "resume_from_overrides"]
 
@@ -221,14 +221,7 @@ def load_run_config(data: Any = None) -> TrainConfig:
     """
     if isinstance(data, TrainConfig):
         return data
-    if data is None:
-        data = {}
-    if hasattr(data, "_content") or type(data).__name__ == "DictConfig":  # omegaconf
-        from omegaconf import OmegaConf
-
-        data = OmegaConf.to_container(data, resolve=True)
-    elif dataclasses.is_dataclass(data):
-        data = config_to_dict(data)
+    data = plain_config(data)
     if not isinstance(data, Mapping) or not data.get("resume"):
         return load_config(data)
     explicit = {key: value for key, value in _leaves(data) if key != "hydra" and not key.startswith("hydra.")}
