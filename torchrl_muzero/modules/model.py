@@ -22,6 +22,7 @@ from torch import nn
 
 from torchrl_muzero.envs.action_spaces import read_action_index
 from torchrl_muzero.modules.fused_spec import FusedSpec
+from torchrl_muzero.modules.policy_distribution import CategoricalPolicy, PolicyDistribution
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport, inverse_signed_hyperbolic
 
@@ -219,6 +220,16 @@ class MuZeroModel(nn.Module):
         """One interior step of the search: the new node below ``(state [B, ...], action [B])``."""
         next_latent, reward, policy_logits, value = self.recurrent_inference_scalar(state, action)
         return ModelStep(next_latent, reward, policy_logits, value)
+
+    def policy_distribution(
+        self, policy_logits: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> PolicyDistribution:
+        """The distribution of this model's ``policy_logits [..., A]`` (the factory the search and the loss use).
+
+        :meth:`CategoricalPolicy.from_logits` here; a model whose policy
+        output is not a softmax over the actions overrides it.
+        """
+        return CategoricalPolicy.from_logits(policy_logits, mask)
 
     def fused_kernel_spec(self) -> FusedSpec | None:
         """The one fused C++ search (network included) this model offers, or ``None``: then the search

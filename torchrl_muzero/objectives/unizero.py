@@ -39,6 +39,7 @@ from tensordict.utils import NestedKey
 from torch import nn
 from torch.nn import functional as F
 
+from torchrl_muzero.modules.policy_distribution import policy_distribution
 from torchrl_muzero.objectives.terms import LossTerm
 from torchrl_muzero.objectives.unrolled import UnrolledModelLoss
 
@@ -228,9 +229,10 @@ class UniZeroLoss(UnrolledModelLoss):
         target_value = torch.where(mask, inputs["target_value"].to(dtype), 0.0)
         target_reward = torch.where(mask[:, 1:], inputs["target_reward"][:, 1:].to(dtype), 0.0)
         target_policy = torch.where(policy_mask.unsqueeze(-1), inputs["target_policy"].to(dtype), 0.0)
+        policy = policy_distribution(self.model, policy_logits)
         eps = self.policy_ls_eps
         if eps > 0:
-            target_policy = (1.0 - eps) * target_policy + eps / target_policy.shape[-1]
+            target_policy = policy.smooth_target(target_policy, eps)
         latent_mask = inputs["observation_mask"][:, 1:] & policy_mask[:, :-1]
         predicted, target = unrolled["next_latent"], unrolled["target_latent"].to(dtype)
         target = torch.where(latent_mask.unsqueeze(-1), target, 0.0)
@@ -244,13 +246,14 @@ class UniZeroLoss(UnrolledModelLoss):
             latent = kl.sum(-1).mean(-1)
         else:
             latent = 1.0 - F.cosine_similarity(predicted, target, dim=-1, eps=1e-8)
-        log_policy = torch.log_softmax(policy_logits, -1)
-        entropy = -(log_policy.exp() * log_policy).sum(-1)
+        # the entropy before the cross-entropy, as before the interface: autograd then sums the
+        # log-probs' gradients in the same order, so the update stays bit for bit the same
+        entropy = policy.entropy()
         return {
             "latent": LossTerm(latent, latent_mask),
             "reward": LossTerm(self.model.reward_support.cross_entropy(unrolled["reward_logits"], target_reward),
                                mask[:, 1:]),
-            "policy": LossTerm(-(target_policy * log_policy).sum(-1), policy_mask),
+            "policy": LossTerm(policy.cross_entropy(target_policy), policy_mask),
             "entropy": LossTerm(-entropy, policy_mask),
             "value": LossTerm(self.model.value_support.cross_entropy(value_logits, target_value), mask),
         }

@@ -36,6 +36,7 @@ from torch.nn import functional as F
 from torchrl.objectives.common import LossModule
 
 from torchrl_muzero.envs.action_spaces import read_action_index
+from torchrl_muzero.modules.policy_distribution import policy_distribution
 from torchrl_muzero.objectives.terms import (
     LossTerm,
     default_predictor,
@@ -480,11 +481,10 @@ class UnrolledModelLoss(LossModule):
 
     def _policy_loss(self, policy_logits: torch.Tensor, target_policy: torch.Tensor) -> torch.Tensor:
         """``[B, P, A]`` logits and targets -> ``[B, P]`` cross-entropy or KL (``policy_loss``)."""
-        log_policy = torch.log_softmax(policy_logits, -1)
-        policy_ce = -(target_policy * log_policy).sum(-1)
+        policy = policy_distribution(self.model, policy_logits)
         if self.policy_loss == "kl":  # CE - H(target): same gradient, 0 at a perfect fit
-            policy_ce = policy_ce + torch.xlogy(target_policy, target_policy).sum(-1)
-        return policy_ce
+            return policy.kl_from(target_policy)
+        return policy.cross_entropy(target_policy)
 
     def _consistency(self, latents: list[torch.Tensor], observation: torch.Tensor) -> torch.Tensor:
         """``-cos(predictor(projector(unrolled latent_k)), sg(projector(h(obs_k))))`` ``[B, K]``."""
@@ -564,8 +564,8 @@ class UnrolledModelLoss(LossModule):
             root_value = self.model.value_support.decode(root_value_logits)
             target = torch.where(mask[:, 0], inputs["target_value"][:, 0].to(root_value.dtype), 0.0)
             priority = torch.where(mask[:, 0], (root_value - target).abs(), 0.0)
-            root_log_policy = torch.log_softmax(unrolled["policy_logits"].detach(), -1)[:, 0]
-            entropy = -(root_log_policy.exp() * root_log_policy).sum(-1)
+            # the roots' slice of the whole [B, K+1] distribution: the log-softmax runs on the full tensor
+            entropy = policy_distribution(self.model, unrolled["policy_logits"].detach())[:, 0].entropy()
         logs = {
             "value_prediction": root_value.mean(),
             "value_error": priority.mean(),

@@ -188,6 +188,7 @@ class UniZeroModel(nn.Module):
     """
 
     check_observation = MuZeroModel.check_observation  # the same shape check and message as every model
+    policy_distribution = MuZeroModel.policy_distribution  # the categorical policy of every model
 
     def __init__(
         self,
