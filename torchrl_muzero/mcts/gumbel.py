@@ -301,7 +301,7 @@ def gumbel_muzero_search(
     rule_args = (config.value_scale, config.maxvisit_init, config.rescale_values)
     root_rule, interior_rule = GumbelRootRule(*rule_args), GumbelInteriorRule(*rule_args)
     # a fused search's tree is read in C++ too; the per-simulation loop's C++ rules give torch's bits, read in torch
-    engine = run_engine(model, tree, config, root_rule, interior_rule, discount)
+    engine = run_engine(model, tree, config, root_rule, interior_rule, discount, generator=generator)
     result = gumbel_result(tree, config, kernel=engine == "cpp-fused")
     result.engine = engine
     return result

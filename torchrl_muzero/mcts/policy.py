@@ -12,6 +12,7 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 
 from torchrl_muzero.envs.action_spaces import action_space_of, check_model_action_space
 from torchrl_muzero.mcts.config import MCTSConfig
+from torchrl_muzero.mcts.loop import slot_actions_of, slot_candidates
 from torchrl_muzero.mcts.search import backend_scope, search
 
 __all__ = ["MCTSPolicy"]
@@ -29,6 +30,16 @@ class MCTSPolicy(TensorDictModuleBase):
     Runs without gradients, on the model's device (inputs are moved there and
     outputs back), and is reproducible from ``generator``.
 
+    A model whose search slots are not its actions (its nodes carry their own
+    candidates: it has a ``slot_actions`` map, :mod:`torchrl_muzero.mcts.loop`)
+    gets the env action of the chosen root slot at ``action_key`` (any
+    action space, a box included), the visits over its slots as
+    ``search_policy``, and ``("root", "slot")`` (long, the chosen slot),
+    ``("root", "candidates")`` ``[S, ...]`` (every root slot's action) and
+    ``("root", "candidate_visits")`` ``[S]`` (float visit counts), for a
+    :class:`~torchrl_muzero.data.GameBuffer` to store as ``extra_entries``
+    (docs/compose_box_actions.py).
+
     Under ``torchrl.envs.utils.set_exploration_type(ExplorationType.DETERMINISTIC)``
     (or ``MODE``) the search adds no root noise and takes the most visited
     action: that is how evaluation runs.
@@ -39,7 +50,8 @@ class MCTSPolicy(TensorDictModuleBase):
         action_spec: the env's action spec; a ``OneHot`` spec gets one-hot
             actions, a ``Categorical`` one action indices, both of the spec's
             dtype (:func:`~torchrl_muzero.envs.action_spaces.action_space_of`;
-            a continuous spec is refused: the model takes discrete actions).
+            a continuous spec is refused unless the model maps its slots to
+            actions, ``slot_actions``).
             ``None``: the search's indices.
         generator: optional ``torch.Generator`` on the model's device.
         observation_key / action_key / action_mask_key / to_play_key: keys.
@@ -105,7 +117,11 @@ class MCTSPolicy(TensorDictModuleBase):
             self.out_keys = [*self.out_keys, *[("next", key) for key in self.memory.keys]]
         # how the env wants its actions (one-hot or index, its dtype); None: the search's indices as they are
         self.action_space = action_space_of(action_spec) if action_spec is not None else None
-        if self.action_space is not None:
+        # None: the search's slots are the model's (discrete) actions; else the map from root slots to env actions
+        self.slot_actions = slot_actions_of(model)
+        if self.slot_actions is not None:
+            self.out_keys = [*self.out_keys, ("root", "slot"), ("root", "candidates"), ("root", "candidate_visits")]
+        elif self.action_space is not None:
             check_model_action_space(self.action_space, model)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -156,10 +172,25 @@ class MCTSPolicy(TensorDictModuleBase):
                 )
                 if memory is not None:
                     next_memory = self.memory.advance(self.model, root, result.action, memory)
+                if self.slot_actions is not None:  # result.action is a root slot: read its env action
+                    S = result.visit_counts.shape[-1]
+                    candidates = slot_candidates(self.slot_actions, result.tree.embeddings[:, 0], S)
+                    slot = result.action
+                    env_action = candidates[torch.arange(slot.shape[0], device=slot.device), slot]
+                    if self.action_space is not None:
+                        self.action_space.validate(env_action)
         finally:
             self.model.train(was_training)
 
-        action = result.action if self.action_space is None else self.action_space.encode(result.action)
+        if self.slot_actions is not None:
+            lead = tuple(batch_shape)
+            tensordict.set(("root", "slot"), slot.to(out_device).reshape(lead))
+            tensordict.set(("root", "candidates"), candidates.to(out_device).reshape(lead + candidates.shape[1:]))
+            tensordict.set(("root", "candidate_visits"),
+                           result.visit_counts.float().to(out_device).reshape(lead + (-1,)))
+        else:
+            env_action = result.action
+        action = env_action if self.action_space is None else self.action_space.encode(env_action)
         action = action.to(out_device)
         tensordict.set(self.action_key, action.reshape(tuple(batch_shape) + tuple(action.shape[1:])))
         tensordict.set(

@@ -24,7 +24,7 @@ import torch
 
 from torchrl_muzero.mcts import _cpp
 from torchrl_muzero.mcts.config import MCTSConfig
-from torchrl_muzero.mcts.loop import cpp_rules_supported, run_search, start_tree
+from torchrl_muzero.mcts.loop import SlotActionsFn, cpp_rules_supported, run_search, slot_actions_of, start_tree
 from torchrl_muzero.mcts.noise import sample_dirichlet
 from torchrl_muzero.mcts.rules import PUCT
 from torchrl_muzero.mcts.tree import Tree
@@ -234,7 +234,8 @@ def run_rules(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, d
     return run_engine(model, tree, config, root_rule, interior_rule, discount) == "cpp-fused"
 
 
-def run_engine(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float) -> str:
+def run_engine(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float,
+               slot_actions: SlotActionsFn | None = None, generator: torch.Generator | None = None) -> str:
     """Run a prepared tree's simulations on the fastest path for ``config.backend`` and the model.
 
     The fused C++ search (network included) when the kernel knows both rules
@@ -246,13 +247,23 @@ def run_engine(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, 
     engine that ran (:data:`ENGINES`): a fused search's results differ from
     the torch model's in the last bits, so a policy may read such a tree in
     C++ too, as Gumbel's does.
+
+    ``slot_actions`` maps the tree's slots to the actions the model's step
+    takes (default: the model's own ``slot_actions``, none for a discrete
+    model: slots are actions); a slot-mapped search always takes the loop
+    (the fused kernels serve discrete models only). ``generator`` reaches a
+    step that asks for it (:func:`~torchrl_muzero.mcts.loop.step_with_generator`).
     """
     ops = _resolve_backend(config, tree.visit_count.device)
     cpp_rules = cpp_rules_supported(ops, root_rule, interior_rule)
-    if cpp_rules and _run_fused(model, ops, tree, config, root_rule, interior_rule, discount, FUSED_ENTRIES):
+    if slot_actions is None:
+        slot_actions = slot_actions_of(model)
+    if slot_actions is None and cpp_rules and _run_fused(model, ops, tree, config, root_rule, interior_rule,
+                                                         discount, FUSED_ENTRIES):
         return "cpp-fused"
     # the loop descends in C++ exactly when the kernel knows both rules (loop.run_search)
-    run_search(tree, step_of(model), config.num_simulations, root_rule, interior_rule, discount, ops)
+    run_search(tree, step_of(model), config.num_simulations, root_rule, interior_rule, discount, ops,
+               slot_actions=slot_actions, generator=generator)
     return "cpp" if cpp_rules else "torch"
 
 
@@ -293,8 +304,11 @@ def muzero_search(
     """MuZero's policy over the shared loop: Dirichlet-noised root priors, pUCT everywhere, visit counts.
 
     ``root`` is the model's :meth:`search_root` output; ``model.search_step``
-    expands the tree. EfficientZero runs this same policy with its own model
-    step (the value-prefix LSTM lives in the node state).
+    expands the tree (with the model's ``slot_actions``, if it has one, mapping
+    slots to its actions, and ``generator`` if the step asks for it:
+    :func:`run_engine`); ``action`` is the chosen root *slot*. EfficientZero
+    runs this same policy with its own model step (the value-prefix LSTM
+    lives in the node state).
     """
     B, A = root.policy_logits.shape
     device = root.policy_logits.device
@@ -315,7 +329,7 @@ def muzero_search(
             tree.children_prior[:, 0].mul_(1 - config.dirichlet_fraction).add_(noise.mul_(config.dirichlet_fraction))
 
     rule = PUCT(config.pb_c_base, config.pb_c_init)
-    engine = run_engine(model, tree, config, rule, rule, discount)
+    engine = run_engine(model, tree, config, rule, rule, discount, generator=generator)
     if ops is not None:
         counts, policy, value, action = ops.visit_readout(tree.visit_count, tree.value_sum, tree.children_index,
                                                           float(config.temperature), generator)
