@@ -7,8 +7,10 @@ model says how slots become env actions with ``slot_actions``, so its step
 receives the chosen candidates, never slot ids; its step asks for the
 search's generator to draw its candidates. ``MCTSPolicy`` then writes the
 env action of the most visited root slot, and the root's candidates and
-their visits, which a ``GameBuffer`` stores as declared entries. No library
-code is changed for any of it.
+their visits. A ``GameBuffer`` told the env's action space stores the float
+env actions themselves (and the candidates and visits as declared entries),
+and samples them back as ``[B, K+1, 2]``. No library code is changed for any
+of it.
 
     python docs/compose_box_actions.py          # a few seconds
 """
@@ -20,6 +22,7 @@ from torchrl.data import Bounded, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from torchrl_muzero.data import GameBuffer, ReplayEntry
+from torchrl_muzero.envs.action_spaces import BoxActionSpace, action_space_of
 from torchrl_muzero.mcts import MCTSConfig, MCTSPolicy
 from torchrl_muzero.mcts.loop import CandidateActions, step_with_generator
 from torchrl_muzero.modules import ModelStep
@@ -55,6 +58,7 @@ class CandidateModel(nn.Module):
 
     observation_shape = torch.Size([2])
     slot_actions = CandidateActions("candidate_actions")  # slot s of a node -> its candidate s
+    action_space = BoxActionSpace(-1.0, 1.0, (2,))  # what it was built for: MCTSPolicy checks the env's against it
 
     def __init__(self, latent: int = 32):
         super().__init__()
@@ -95,15 +99,15 @@ def main(frames: int = 32, seed: int = 0) -> dict:
     collector = Collector(env, policy, frames_per_batch=frames, total_frames=frames,
                           auto_register_policy_transforms=False)
     entries = [ReplayEntry(("root", "candidates"), (S, 2)), ReplayEntry(("root", "candidate_visits"), (S,))]
-    buffer = GameBuffer(1_000, num_unroll_steps=3, td_steps=3, discount=0.9, extra_entries=entries, seed=seed)
+    # told the box action space, the buffer stores the float actions the env took
+    buffer = GameBuffer(1_000, num_unroll_steps=3, td_steps=3, discount=0.9, extra_entries=entries,
+                        action_space=action_space_of(env), seed=seed)
     for batch in collector:
-        # the env took the float actions; the buffer stores the chosen slot (its action = candidates[slot])
-        buffer.extend(batch.copy().set("action", batch["root", "slot"]))
+        buffer.extend(batch)
     collector.shutdown()
 
     sample = buffer.sample(16)
-    candidates, slot = sample["root", "candidates"], sample["action"]  # [16, 4, S, 2], [16, 4]
-    taken = candidates.gather(2, slot[..., None, None].expand(-1, -1, 1, 2)).squeeze(2)
+    taken = sample["action"]  # [16, 4, 2]: the env actions at the unrolled positions
     print(f"{frames} steps searched; a root's candidates and visits:")
     print(sample["root", "candidates"][0, 0], sample["root", "candidate_visits"][0, 0], sep="\n")
     return {"batch": batch, "sample": sample, "taken": taken}

@@ -148,6 +148,10 @@ def test_box_actions_example_runs(box_example):
     stored = sample["policy_mask"]
     assert torch.equal(sample["root", "candidate_visits"][stored].sum(-1), torch.full((int(stored.sum()),), 12.0))
     assert taken.shape == (16, 4, 2) and bool((taken[stored].abs() <= 1).all())
+    # the buffer stored the env's own float actions: each one taken is one of its root's candidates
+    assert taken.dtype == torch.float32 and torch.equal(taken, sample["action"])
+    is_candidate = (sample["root", "candidates"] == taken[:, :, None, :]).all(-1).any(-1)
+    assert bool(is_candidate[stored].all())
 
 
 def test_box_policy_is_greedy_and_reproducible(box_example):

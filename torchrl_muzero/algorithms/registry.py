@@ -15,6 +15,7 @@ them on first use.
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,6 +25,30 @@ _REGISTRY: dict[str, "Algorithm"] = {}
 _MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context",
             "muzero_rnn_full_obs", "unizero")
 _loaded = False
+
+
+class _SpaceBuilder:
+    """An algorithm's ``(cfg, observation_shape, num_actions)`` model builder, taking an
+    :class:`~torchrl_muzero.envs.action_spaces.ActionSpace` (or an int, as before); the model it returns
+    declares that space (``model.action_space``): the one place every model gets it. A class, not a
+    closure, so that an :class:`Algorithm` still pickles (its builder by reference)."""
+
+    def __init__(self, build: Callable[..., Any], algo: "Algorithm") -> None:
+        # dataclasses.replace of an Algorithm passes its wrapped builder: wrap the algorithm's own again, for
+        # the new Algorithm (its action_kinds), never a wrapper in a wrapper
+        self._builder = getattr(build, "_builder", build)
+        self._algo = algo
+        functools.update_wrapper(self, self._builder)
+
+    def __call__(self, cfg: Any, observation_shape: tuple, actions: Any) -> Any:
+        from torchrl_muzero.envs.action_spaces import as_action_space
+
+        space = as_action_space(actions)
+        check_action_space(self._algo, space)
+        # today's builders take the number of discrete actions; an algorithm for boxes gets the space
+        model = self._builder(cfg, observation_shape, space.num_actions if space.is_discrete else space)
+        model.action_space = space
+        return model
 
 
 def _no_targets(cfg) -> list:
@@ -44,7 +69,12 @@ class Algorithm:
 
     Attributes:
         name: the ``algo=`` name (LightZero's policy type).
-        build_model: ``(cfg, observation_shape, num_actions) -> model``.
+        build_model: ``(cfg, observation_shape, action_space) -> model``: the
+            model for the env's ``ActionSpace`` (an ``int`` ``n`` means
+            ``DiscreteActionSpace(n)``), declaring it as ``model.action_space``.
+            Registered as ``(cfg, observation_shape, num_actions) -> model``
+            (a box algorithm's builder gets the space itself); the registry
+            wraps it.
         search_fn: the search, ``(model, observation, config, action_mask=,
             to_play=, add_noise=, generator=) -> SearchResult``.
         search_config: ``(cfg) -> config`` for ``search_fn`` (an
@@ -81,10 +111,12 @@ class Algorithm:
         >>> model = algo.build_model(cfg, (4,), 2)
         >>> type(model).__name__, algo.search_config(cfg).num_simulations
         ('MuZeroMLPModel', 25)
+        >>> model.action_space
+        DiscreteActionSpace(n=2, one_hot=False, dtype=torch.int64, shape=())
     """
 
     name: str
-    build_model: Callable[[Any, tuple, int], Any]
+    build_model: Callable[[Any, tuple, Any], Any]
     search_fn: Callable[..., Any]
     search_config: Callable[[Any], Any]
     build_loss: Callable[[Any, Any], Any]
@@ -95,6 +127,9 @@ class Algorithm:
     config_keys: tuple[str, ...] = field(default_factory=tuple)
     summary: str = ""
     action_kinds: tuple[str, ...] = ("discrete",)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "build_model", _SpaceBuilder(self.build_model, self))  # frozen dataclass
 
 
 def register(algorithm: Algorithm) -> Algorithm:

@@ -10,7 +10,10 @@ so a file that does not fit leaves the buffer as it was.
 A buffer with declared replay entries (``extra_entries``,
 :mod:`~torchrl_muzero.data.replay_entries`) records them under
 ``"entries"`` (absent otherwise, so a buffer without them writes the same
-state as before they existed). A file loads only into a buffer declaring the
+state as before they existed). A box action space's buffer records the
+actions' ``D`` under ``"shapes"`` (``"action_dim"``, absent for discrete
+actions, so files from before box actions load as they did); a file loads
+only into a buffer storing the same kind of actions. A file loads only into a buffer declaring the
 same entries (keys, shapes, dtypes): one saved before them, or without them,
 is refused in one line rather than filled with defaults, which would make
 targets out of values no search produced.
@@ -103,6 +106,10 @@ def _check_entries(store: "ReplayStore", state: dict, steps: "LazyTensorStorage 
                              f"(expected [{store.capacity}, {', '.join(map(str, entry.shape))}] {entry.dtype}).")
 
 
+def _actions_text(action_dim: int | None) -> str:
+    return "discrete actions" if action_dim is None else f"continuous actions of {action_dim} dims"
+
+
 def load_buffer_state(buffer: "GameBuffer", state: dict, source: str = "state_dict") -> None:
     """Restore :func:`buffer_state_dict` into ``buffer``; ``ValueError`` naming ``source`` if it does not fit."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -122,6 +129,10 @@ def load_buffer_state(buffer: "GameBuffer", state: dict, source: str = "state_di
         tables = state["rows"]
         store.rows.check_tables(tables, source)
         spec = RowSpec.from_state(state["shapes"], buffer.frames, store.entries)
+        if spec is not None and spec.action_dim != buffer.action_dim:
+            raise ValueError(f"{source} stores {_actions_text(spec.action_dim)}, this GameBuffer stores "
+                             f"{_actions_text(buffer.action_dim)} (its action_space must match the buffer that "
+                             "saved it).")
         frames, steps = store.new_storages()
         if spec is not None:
             frames.load_state_dict(state["frames"])
@@ -132,6 +143,12 @@ def load_buffer_state(buffer: "GameBuffer", state: dict, source: str = "state_di
                 raise ValueError(
                     f"{source}: the frame storage does not hold [{buffer.capacity}, {tuple(spec.frame_shape)}] frames."
                 )
+            if spec.action_dim is not None:  # box actions: float32 [capacity, D]
+                action = steps._storage.get("action", None)
+                if (not isinstance(action, torch.Tensor) or action.dtype != torch.float32
+                        or tuple(action.shape) != (buffer.capacity, spec.action_dim)):
+                    raise ValueError(f"{source}: the stored actions are corrupt "
+                                     f"(expected [{buffer.capacity}, {spec.action_dim}] torch.float32).")
             if store.entries:
                 _check_entries(store, state, steps, source)
         open_traj = {int(t): (int(s), int(w)) for t, s, w in state["open_traj"].tolist()}

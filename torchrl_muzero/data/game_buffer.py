@@ -68,6 +68,7 @@ from torchrl_muzero.data.rollout_reader import RowSpec, check_continuations, epi
 from torchrl_muzero.data.storage_rows import STEP, RowTable
 from torchrl_muzero.data.sample_batch import assemble_batch
 from torchrl_muzero.data.target_builders import MUZERO_SAMPLE_KEYS, TargetBuilder, check_target_builders
+from torchrl_muzero.envs.action_spaces import ActionSpace, as_action_space
 
 __all__ = ["GameBuffer"]
 
@@ -160,6 +161,13 @@ class GameBuffer:
             :meth:`sample` before the target builders; what it returns
             replaces the sampled ``extra_entries`` in that batch (the storage
             keeps the rollouts' values). Default none: the stored values.
+        action_space (ActionSpace, optional): the env's action space
+            (:func:`~torchrl_muzero.envs.action_spaces.action_space_of`). A
+            :class:`~torchrl_muzero.envs.action_spaces.BoxActionSpace` makes
+            the buffer store the rollouts' float env actions ``[D]`` per step
+            (and sample them as ``[B, K+1, D]``); a discrete one (or an int)
+            checks that the search policies have its number of actions.
+            Default none: index or one-hot actions, as the rollouts hold them.
         device: where model inputs go and where sampled batches are put
             (default: model calls on the model's device, batches on the
             storage device).
@@ -169,7 +177,8 @@ class GameBuffer:
             :class:`~torchrl_muzero.data.PriorityTree`).
 
     Rollout entries read by :meth:`extend` (``[envs, T]`` or flat): the
-    observation and ``("next", observation)``, ``"action"`` (index or one-hot),
+    observation and ``("next", observation)``, ``"action"`` (index or one-hot;
+    floats ``[D]`` with a box ``action_space``),
     ``("next", "reward")``, ``("next", "done")`` / ``"terminated"`` /
     ``"truncated"``, ``("collector", "traj_ids")``, ``"search_policy"``
     ``[A]``, ``"root_value"``, and when present ``"policy_version"``,
@@ -240,6 +249,7 @@ class GameBuffer:
         target_builders: Iterable[TargetBuilder] | None = None,
         extra_entries: Iterable[ReplayEntry] | None = None,
         reanalyze_entries: EntriesHook | None = None,
+        action_space: ActionSpace | int | None = None,
         device: torch.device | str | None = None,
         storage_device: torch.device | str = "cpu",
         seed: int | None = None,
@@ -303,6 +313,10 @@ class GameBuffer:
         taken.update({key: repr(b) for b in self.target_builders for key in b.out_keys})
         self.extra_entries = check_replay_entries(extra_entries, taken)
         self.reanalyze_entries = reanalyze_entries
+        self.action_space = None if action_space is None else as_action_space(action_space)
+        if self.action_space is not None and not self.action_space.is_discrete and self.root_memory is not None:
+            raise ValueError("root_memory (acting from history) rebuilds its windows from discrete actions; "
+                             f"this GameBuffer stores continuous ones ({self.action_space.describe()}).")
         self.device = None if device is None else torch.device(device)
         self.storage_device = torch.device(storage_device)
         self._generator = torch.Generator()
@@ -323,6 +337,12 @@ class GameBuffer:
     def generator(self) -> torch.Generator:
         """The generator of root draws, padding actions and reanalyze noise (a checkpoint saves its state)."""
         return self._generator
+
+    @property
+    def action_dim(self) -> int | None:
+        """``D`` of the stored float actions (a box ``action_space``); None: discrete indices."""
+        space = self.action_space
+        return None if space is None or space.is_discrete else space.dim
 
     @property
     def num_samples(self) -> int:
@@ -408,13 +428,14 @@ class GameBuffer:
         m = rollout.batch_size.numel()
         if m == 0:
             return 0
-        data = read_rollout(rollout, self.observation_key, self.storage_device, self.extra_entries)
+        data = read_rollout(rollout, self.observation_key, self.storage_device, self.extra_entries,
+                            self.action_space)
         m = data["m"]
         if m == 0:
             return 0
         store = self.store
         if store.spec is None:
-            store.spec = RowSpec.of(data, self.frames, self.extra_entries)
+            store.spec = RowSpec.of(data, self.frames, self.extra_entries, action_dim=self.action_dim)
         else:
             store.spec.check(data)
         spec = store.spec
@@ -499,7 +520,9 @@ class GameBuffer:
             * ``"observation_mask"`` (bool): column ``k`` holds an observation;
             * ``"action"`` (long): the action taken at ``t+k``; uniformly random
               where no step is stored (after an episode's end, last column's
-              padding);
+              padding); with a box ``action_space``, the env's float actions
+              ``[B, K+1, D]`` (padding uniform within the box's finite bounds,
+              0 along unbounded dimensions);
             * ``"target_reward"``: reward of the transition into ``t+k`` (0 at
               ``k = 0`` and after a terminal);
             * ``"target_value"``: the n-step bootstrapped value (see

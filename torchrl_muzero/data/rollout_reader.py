@@ -18,7 +18,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from torchrl_muzero.data.frames import FrameStack
 from torchrl_muzero.data.replay_entries import ReplayEntry, read_entries
-from torchrl_muzero.envs.action_spaces import read_action_index
+from torchrl_muzero.envs.action_spaces import ActionSpace, read_action_index
 
 __all__ = ["RowSpec", "check_continuations", "episode_starts", "read_rollout"]
 
@@ -35,12 +35,28 @@ def _scalar_column(x: torch.Tensor, name: str, m: int) -> torch.Tensor:
     return x
 
 
+def _box_column(action: torch.Tensor, space: ActionSpace, m: int) -> torch.Tensor:
+    """The env actions of a box ``space`` as float32 ``[m, D]`` (a scalar box's ``[m]`` gains its ``D = 1``)."""
+    d = space.dim
+    if d == 1 and action.shape == (m,):
+        action = action.unsqueeze(-1)
+    if not action.is_floating_point() or action.shape != (m, d):
+        raise ValueError(f"rollout entry 'action' must hold the box's float actions [..., {d}] "
+                         f"({space.describe()}), got {tuple(action.shape)} {action.dtype} after flattening.")
+    if m and not bool(torch.isfinite(action).all()):
+        raise ValueError("rollout entry 'action' holds NaN or inf actions.")
+    return action.float()
+
+
 def read_rollout(rollout: TensorDictBase, observation_key: Any, device: torch.device,
-                 entries: tuple[ReplayEntry, ...] = ()) -> dict:
+                 entries: tuple[ReplayEntry, ...] = (), action_space: ActionSpace | None = None) -> dict:
     """Flatten a ``[envs, T]`` (or flat) rollout into ``[m]`` columns on ``device``.
 
-    Returns a dict of tensors (``"obs"``, ``"next_obs"``, ``"action"`` as
-    indices, ``"reward"``, ``"traj"``, ``"search_policy"``, ``"root_value"``,
+    ``action_space``: the env's; a box one makes ``"action"`` the env's float
+    actions ``[m, D]``, a discrete one (or None, the default) indices ``[m]``.
+
+    Returns a dict of tensors (``"obs"``, ``"next_obs"``, ``"action"`` (indices,
+    or floats ``[m, D]`` for a box), ``"reward"``, ``"traj"``, ``"search_policy"``, ``"root_value"``,
     ``"done"``, ``"terminated"``, ``"policy_version"`` (-1 when absent), and
     ``"action_mask"``, ``"next_action_mask"``, ``"to_play"``,
     ``"next_to_play"`` or None), ``"entries"`` (the declared ``entries``
@@ -103,15 +119,23 @@ def read_rollout(rollout: TensorDictBase, observation_key: Any, device: torch.de
     if sp.ndim != 2:
         raise ValueError(f"rollout entry 'search_policy' must be [..., num_actions], got {tuple(sp.shape)} after flattening.")
     num_actions = sp.shape[1]
+    if action_space is not None and action_space.is_discrete and action_space.num_actions != num_actions:
+        raise ValueError(f"rollout search_policy has {num_actions} actions, the buffer's action space "
+                         f"{action_space.num_actions}.")
     action = out["action"]
+    box = action_space is not None and not action_space.is_discrete
     # one-hot [m, A] (A > 1; any dtype) or [m, 1] indices -> [m]; other shapes are _scalar_column's error
-    action = _scalar_column(read_action_index(action, num_actions, (m,), single="index"), "action", m)
-    if action.is_floating_point():
-        raise ValueError("rollout entry 'action' must hold integer indices or one-hot vectors, got floats.")
-    action = action.long()
-    if m and (int(action.min()) < 0 or int(action.max()) >= num_actions):
-        raise ValueError(f"rollout actions must lie in [0, {num_actions}), got [{int(action.min())}, {int(action.max())}].")
-    out["action"] = action
+    if box:  # the env's own float actions, stored as they are (the search's slots are not actions)
+        out["action"] = _box_column(action, action_space, m)
+    else:
+        action = _scalar_column(read_action_index(action, num_actions, (m,), single="index"), "action", m)
+        if action.is_floating_point():
+            raise ValueError("rollout entry 'action' must hold integer indices or one-hot vectors, got floats.")
+        action = action.long()
+        if m and (int(action.min()) < 0 or int(action.max()) >= num_actions):
+            raise ValueError(
+                f"rollout actions must lie in [0, {num_actions}), got [{int(action.min())}, {int(action.max())}].")
+        out["action"] = action
     out["search_policy"] = sp.float()
     if out["obs"].shape != out["next_obs"].shape:
         raise ValueError(
@@ -185,6 +209,8 @@ class RowSpec:
         (2, (4,))
         >>> sorted(spec.empty_payload(5).keys())
         ['action', 'policy_version', 'reward', 'root_value', 'search_policy']
+        >>> RowSpec.of(data, FrameStack(), action_dim=2).empty_payload(5)["action"].shape  # a box's floats
+        torch.Size([5, 2])
     """
 
     num_actions: int
@@ -195,10 +221,13 @@ class RowSpec:
     has_to_play: bool
     #: the declared extra entries (the buffer's, not the rollout's: saved apart from :meth:`to_state`)
     entries: tuple[ReplayEntry, ...] = ()
+    #: ``D`` of a box action space (actions stored as float32 ``[D]``); None: discrete indices
+    action_dim: int | None = None
 
     @classmethod
-    def of(cls, data: dict, frames: FrameStack, entries: tuple[ReplayEntry, ...] = ()) -> "RowSpec":
-        """The spec of a rollout read by :func:`read_rollout`."""
+    def of(cls, data: dict, frames: FrameStack, entries: tuple[ReplayEntry, ...] = (),
+           action_dim: int | None = None) -> "RowSpec":
+        """The spec of a rollout read by :func:`read_rollout` (``action_dim``: ``D`` of a box action space)."""
         obs_shape = torch.Size(data["obs"].shape[1:])
         return cls(
             num_actions=int(data["search_policy"].shape[1]),
@@ -208,6 +237,7 @@ class RowSpec:
             has_action_mask=data["action_mask"] is not None,
             has_to_play=data["to_play"] is not None,
             entries=tuple(entries),
+            action_dim=None if action_dim is None else int(action_dim),
         )
 
     def check(self, data: dict) -> None:
@@ -229,13 +259,16 @@ class RowSpec:
     # state dicts store plain values (``torch.load(weights_only=True)`` reads them back)
     def to_state(self) -> dict:
         """Plain-container form for state dicts."""
-        return {
+        state = {
             "num_actions": self.num_actions,
             "obs_shape": list(self.obs_shape),
             "obs_dtype": str(self.obs_dtype).replace("torch.", ""),
             "has_action_mask": self.has_action_mask,
             "has_to_play": self.has_to_play,
         }
+        if self.action_dim is not None:  # only then: a discrete buffer writes the state it wrote before boxes
+            state["action_dim"] = self.action_dim
+        return state
 
     @staticmethod
     def state_of(spec: "RowSpec | None") -> dict:
@@ -260,6 +293,7 @@ class RowSpec:
             has_action_mask=bool(state["has_action_mask"]),
             has_to_play=bool(state["has_to_play"]),
             entries=tuple(entries),
+            action_dim=None if state.get("action_dim") is None else int(state["action_dim"]),
         )
 
     # ------------------------------------------------------------- payloads
@@ -267,7 +301,8 @@ class RowSpec:
         """``n`` payload rows with neutral values (what last-observation rows keep)."""
         a = self.num_actions
         fields = {
-            "action": torch.zeros(n, dtype=torch.int64),
+            "action": (torch.zeros(n, dtype=torch.int64) if self.action_dim is None
+                       else torch.zeros(n, self.action_dim, dtype=torch.float32)),
             "reward": torch.zeros(n, dtype=torch.float32),
             "search_policy": torch.zeros(n, a, dtype=torch.float32),
             "root_value": torch.zeros(n, dtype=torch.float32),

@@ -138,8 +138,12 @@ def assemble_batch(
             generator=g, num_actions=A, device=buffer.device, memory=memory, history=history,
         )
 
-    random_actions = torch.randint(A, (B, K + 1), generator=g)
-    action = torch.where(step_k, head["action"].cpu(), random_actions)
+    if spec.action_dim is None:
+        random_actions = torch.randint(A, (B, K + 1), generator=g)
+        action = torch.where(step_k, head["action"].cpu(), random_actions)
+    else:  # a box's float actions [B, K+1, D]
+        padding = _padding_box_actions(buffer.action_space, (B, K + 1), g)
+        action = torch.where(step_k.unsqueeze(-1), head["action"].cpu(), padding)
     mask = plan.inside | plan.absorbing
     stamp = store.rows.write_time[roots]
     expand = lambda x: x.unsqueeze(1).expand(B, K + 1).contiguous()  # noqa: E731
@@ -176,6 +180,15 @@ def assemble_batch(
             if missing:
                 raise RuntimeError(f"{builder!r} did not write its out_keys {missing}.")
     return out.to(out_device)
+
+
+def _padding_box_actions(space: Any, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Uniform actions ``[*shape, D]`` within a box's bounds (0 along a dimension that is unbounded), for the
+    unrolled positions where no step is stored (their targets are masked: any action in the box will do)."""
+    low, high = space.low.float(), space.high.float()
+    finite = torch.isfinite(low) & torch.isfinite(high)
+    low, high = torch.where(finite, low, 0.0), torch.where(finite, high, 0.0)
+    return low + torch.rand((*shape, space.dim), generator=generator) * (high - low)
 
 
 def _history(buffer: GameBuffer, window: tuple[torch.Tensor, torch.Tensor], observations: torch.Tensor) -> TensorDict:

@@ -28,6 +28,7 @@ __all__ = [
     "DiscreteActionSpace",
     "BoxActionSpace",
     "action_space_of",
+    "as_action_space",
     "read_action_index",
     "check_model_action_space",
 ]
@@ -410,11 +411,55 @@ def action_space_of(spec_or_env: Any, batch_dims: int | None = None) -> ActionSp
     raise ValueError(f"action specs of type {name} are not supported (OneHot, Categorical, Bounded and Unbounded are).")
 
 
-def check_model_action_space(space: ActionSpace, model: Any, who: str = "") -> None:
-    """Raise ``ValueError`` (one line) unless ``model`` takes the actions of ``space``.
+def as_action_space(actions: "ActionSpace | int") -> ActionSpace:
+    """``actions`` as an :class:`ActionSpace`: an ``int`` ``n`` is ``DiscreteActionSpace(n)``.
 
-    Today's models take ``model.num_actions`` discrete actions: a box space
-    does not fit them, nor a discrete space of another size.
+    Model builders took the number of actions before they took spaces; an
+    int keeps meaning what it meant (users' scripts call ``build_model(cfg, (4,), 2)``).
+
+    Examples:
+        >>> from torchrl_muzero.envs.action_spaces import BoxActionSpace, as_action_space
+        >>> as_action_space(2)
+        DiscreteActionSpace(n=2, one_hot=False, dtype=torch.int64, shape=())
+        >>> as_action_space(BoxActionSpace(-1.0, 1.0, (2,))).dim
+        2
+        >>> as_action_space(2.5)
+        Traceback (most recent call last):
+        ...
+        TypeError: an action space must be an ActionSpace or a number of discrete actions (int), got float.
+    """
+    if isinstance(actions, ActionSpace):
+        return actions
+    if isinstance(actions, bool) or not isinstance(actions, int):
+        # numpy / torch integers are ints too (``operator.index``), floats and the rest are not
+        try:
+            import operator
+
+            actions = operator.index(actions)
+        except TypeError:
+            raise TypeError("an action space must be an ActionSpace or a number of discrete actions (int), "
+                            f"got {type(actions).__name__}.") from None
+    return DiscreteActionSpace(actions)
+
+
+def _same_space(a: ActionSpace, b: ActionSpace) -> bool:
+    """Whether a model built for ``b`` takes the actions of ``a`` (the env's encoding does not matter)."""
+    if a.is_discrete != b.is_discrete:
+        return False
+    if a.is_discrete:
+        return a.num_actions == b.num_actions
+    return a.dim == b.dim and torch.equal(a.low, b.low) and torch.equal(a.high, b.high)
+
+
+def check_model_action_space(space: ActionSpace, model: Any, who: str = "") -> None:
+    """Raise ``ValueError`` (one line, naming both) unless ``model`` takes the actions of ``space``.
+
+    A model that declares ``model.action_space`` (the space it was built
+    for: the registry's builders set it) fits an env space of the same kind
+    and size (a box: the same bounds); the env's encoding (one-hot or index)
+    does not matter. A model without one takes ``model.num_actions``
+    discrete actions: a box space does not fit it, nor a discrete space of
+    another size.
 
     Examples:
         >>> from torchrl_muzero.envs.action_spaces import BoxActionSpace, DiscreteActionSpace, check_model_action_space
@@ -429,11 +474,25 @@ def check_model_action_space(space: ActionSpace, model: Any, who: str = "") -> N
         Traceback (most recent call last):
         ...
         ValueError: the env's actions are continuous (2 dims in [-1, 1]), but MuZeroMLPModel takes 2 discrete actions: ...
+        >>> model.action_space = BoxActionSpace(-1.0, 1.0, (2,))  # a model built for a box says so
+        >>> check_model_action_space(BoxActionSpace(-1.0, 1.0, (2,)), model)
+        >>> check_model_action_space(DiscreteActionSpace(2), model)
+        Traceback (most recent call last):
+        ...
+        ValueError: the env's actions are discrete (2 actions, index torch.int64), but MuZeroMLPModel was built for continuous actions (2 dims in [-1, 1]).
     """
     from torchrl_muzero.algorithms.registry import algorithms_for
 
     prefix = f"{who}: " if who else ""
     model_actions = getattr(model, "num_actions", None)
+    declared = getattr(model, "action_space", None)
+    if isinstance(declared, ActionSpace) and not declared.is_discrete:
+        if not _same_space(space, declared):
+            raise ValueError(f"{prefix}the env's actions are {space.kind} ({space.describe()}), but "
+                             f"{type(model).__name__} was built for {declared.kind} actions ({declared.describe()}).")
+        return
+    if isinstance(declared, ActionSpace):  # discrete: today's checks and messages, by its size
+        model_actions = declared.num_actions
     if not space.is_discrete:
         raise ValueError(
             f"{prefix}the env's actions are {space.kind} ({space.describe()}), but {type(model).__name__} takes "

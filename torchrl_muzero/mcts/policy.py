@@ -10,7 +10,7 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torchrl.envs.utils import ExplorationType, exploration_type
 
-from torchrl_muzero.envs.action_spaces import action_space_of, check_model_action_space
+from torchrl_muzero.envs.action_spaces import ActionSpace, action_space_of, check_model_action_space
 from torchrl_muzero.mcts.config import MCTSConfig
 from torchrl_muzero.mcts.loop import slot_actions_of, slot_candidates
 from torchrl_muzero.mcts.search import backend_scope, search
@@ -51,7 +51,10 @@ class MCTSPolicy(TensorDictModuleBase):
             actions, a ``Categorical`` one action indices, both of the spec's
             dtype (:func:`~torchrl_muzero.envs.action_spaces.action_space_of`;
             a continuous spec is refused unless the model maps its slots to
-            actions, ``slot_actions``).
+            actions, ``slot_actions``). A model that declares
+            ``model.action_space`` (the registry's builders set it) must have
+            been built for this spec's space: a mismatch raises ``ValueError``
+            in one line naming both.
             ``None``: the search's indices.
         generator: optional ``torch.Generator`` on the model's device.
         observation_key / action_key / action_mask_key / to_play_key: keys.
@@ -121,7 +124,10 @@ class MCTSPolicy(TensorDictModuleBase):
         self.slot_actions = slot_actions_of(model)
         if self.slot_actions is not None:
             self.out_keys = [*self.out_keys, ("root", "slot"), ("root", "candidates"), ("root", "candidate_visits")]
-        elif self.action_space is not None:
+        # the model's declared space (model.action_space) must be the env's; a model without one takes
+        # model.num_actions discrete actions, unless its slots map to actions of their own (checked per step)
+        if self.action_space is not None and (
+                self.slot_actions is None or isinstance(getattr(model, "action_space", None), ActionSpace)):
             check_model_action_space(self.action_space, model)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

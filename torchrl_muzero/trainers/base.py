@@ -90,13 +90,14 @@ class TrainerBase:
 
         probe = make_env(cfg.env, num_envs=1, seed=cfg.seed)
         try:  # an action space the algorithm does not support stops the run here, in one line
-            check_action_space(cfg.algo.name, env_action_space(probe), f"env.id={cfg.env.id!r}")
+            self.action_space = env_action_space(probe)  # what the model is built for, and declares
+            check_action_space(cfg.algo.name, self.action_space, f"env.id={cfg.env.id!r}")
             self.observation_shape, self.num_actions = env_spaces(probe)
         finally:
             probe.close()
         reclaim_torch_threads(self.torch_threads)
         try:
-            model = build_model(cfg, self.observation_shape, self.num_actions)
+            model = build_model(cfg, self.observation_shape, self.action_space)
         except ValueError as err:  # e.g. a ResNet for vector observations
             raise ConfigError(f"config key 'model.kind' is {cfg.model.kind!r}, which does not fit env.id="
                               f"{cfg.env.id!r} (observations of shape {self.observation_shape}): {err}") from None

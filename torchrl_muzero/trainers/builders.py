@@ -5,6 +5,7 @@ import dataclasses
 
 import torch
 
+from torchrl_muzero.envs.action_spaces import ActionSpace
 from torchrl_muzero.envs.env_ids import is_board_game
 from torchrl_muzero.mcts import MCTSConfig
 from torchrl_muzero.modules import MuZeroModel
@@ -31,9 +32,24 @@ def algorithm(cfg: TrainConfig):
     return get_algorithm(cfg.algo.name)
 
 
-def build_model(cfg: TrainConfig, observation_shape, num_actions: int) -> MuZeroModel:
-    """The model of the run's algorithm (``algo.name``, ``model.kind``) for the env's shapes."""
-    return algorithm(cfg).build_model(cfg, observation_shape, num_actions)
+def build_model(cfg: TrainConfig, observation_shape, action_space: "ActionSpace | int") -> MuZeroModel:
+    """The model of the run's algorithm (``algo.name``, ``model.kind``) for the env's shapes.
+
+    ``action_space``: the env's :class:`~torchrl_muzero.envs.action_spaces.ActionSpace`
+    (``env_action_space(env)``), or an ``int`` ``n`` for ``n`` discrete actions;
+    the model declares it as ``model.action_space``.
+
+    Examples:
+        >>> from torchrl_muzero.envs.action_spaces import DiscreteActionSpace
+        >>> from torchrl_muzero.trainers.builders import build_model
+        >>> from torchrl_muzero.trainers.config import load_config
+        >>> cfg = load_config({"model": {"latent_dim": 8, "hidden_dim": 8}})
+        >>> build_model(cfg, (4,), DiscreteActionSpace(2, one_hot=True)).action_space.num_actions
+        2
+        >>> build_model(cfg, (4,), 2).num_actions
+        2
+    """
+    return algorithm(cfg).build_model(cfg, observation_shape, action_space)
 
 
 def mcts_config(cfg: TrainConfig, temperature: float | None = None, num_simulations: int | None = None) -> MCTSConfig:
@@ -121,15 +137,15 @@ def build_buffer(cfg: TrainConfig, seed: int | None = None):
 def model_from_checkpoint(path) -> tuple[MuZeroModel, TrainConfig]:
     """The model saved in a checkpoint file (``ckpt/last.pt``, ``best.pt``, ``model_v*.pt``), in eval mode,
     and the config of the run that wrote it (the env is probed for the model's shapes)."""
-    from torchrl_muzero.envs import env_spaces, make_env
+    from torchrl_muzero.envs import env_action_space, env_spaces, make_env
     from torchrl_muzero.trainers.checkpoint import load_checkpoint
     from torchrl_muzero.trainers.config import load_config
 
     state = load_checkpoint(path, map_location="cpu")
     cfg = load_config(state["config"])
     probe = make_env(cfg.env, num_envs=1, seed=0)
-    obs_shape, num_actions = env_spaces(probe)
+    (obs_shape, _), space = env_spaces(probe), env_action_space(probe)
     probe.close()
-    model = build_model(cfg, obs_shape, num_actions)
+    model = build_model(cfg, obs_shape, space)
     model.load_state_dict(state["model"])
     return model.eval(), cfg
