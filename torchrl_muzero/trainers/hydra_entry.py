@@ -204,10 +204,11 @@ def run_from_hydra(cfg, trainer_cls) -> dict:
     from torchrl_muzero.trainers.checkpoint import CheckpointError
 
     try:
-        if cfg.get("resume"):  # the saved run's configuration, changed by the command line's keys only
+        if not isinstance(cfg, TrainConfig) and cfg.get("resume"):
+            # the saved run's configuration, changed by the command line's keys only
             hydra_cfg = HydraConfig.get()
             run_cfg = resume_from_overrides(cfg, list(hydra_cfg.overrides.task), hydra_cfg.runtime.choices.keys())
-        else:
+        else:  # a hydra config without resume, or a TrainConfig a caller built (taken as it is)
             run_cfg = load_config(cfg)
         if run_cfg.run_dir is None and run_cfg.resume is None:
             run_cfg.run_dir = HydraConfig.get().runtime.output_dir
