@@ -1,9 +1,12 @@
 // The fused search for EfficientZeroMLPModel: every simulation of a search in
 // one call (select with the given rules, the value-prefix network step of
 // ez_net.h, expand and backup), the GIL released throughout. Also the step's
-// test hook (ez_recurrent) and the registration.
+// test hook (ez_recurrent), bound in tree_ops.cpp.
+#include <ATen/ops/empty.h>
+
 #include "ez_net.h"
 #include "dispatch.h"
+#include "entry_points.h"
 #include "fused_loop.h"
 
 #ifdef MZ_HAVE_MLP_SEARCH
@@ -43,6 +46,8 @@ EzState check_state(const EzNet& net, const at::Tensor& latent,
           prefix.data_ptr<float>(), steps.data_ptr<int64_t>()};
 }
 
+}  // namespace
+
 // Test hook: search_step for a batch of states. Returns (next_latent, lstm_h,
 // lstm_c, value_prefix, steps, reward, policy_logits, value, prior).
 std::vector<at::Tensor> ez_recurrent(
@@ -67,7 +72,7 @@ std::vector<at::Tensor> ez_recurrent(
        value = at::empty({B}, opts);
   auto nsteps = at::empty({B}, steps.options());
   auto logits = at::empty({B, net.A}, opts), prior = at::empty({B, net.A}, opts);
-  pybind11::gil_scoped_release no_gil;
+  GilRelease no_gil;
   EzScratch& sc = thread_ez_scratch(net);
   EzRows rows;
   const int64_t L = net.L, K = net.K, A = net.A;
@@ -140,7 +145,7 @@ void ez_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
   const int64_t L = net.L, K = net.K;
 
   with_rules(root, interior, t, extra, [&](const auto& rr0, const auto& ir0) {
-    pybind11::gil_scoped_release no_gil;
+    GilRelease no_gil;
     for_row_chunks_with_rules(t.B, rr0, ir0, [&](int64_t b0, int64_t b1, auto& rr, auto& ir) {
       EzScratch& sc = thread_ez_scratch(net);
       EzRows rows;
@@ -174,39 +179,6 @@ void ez_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
   });
 }
 
-}  // namespace
-
-void register_ez(pybind11::module_& m) {
-  namespace py = pybind11;
-  m.def("ez_search", &ez_search,
-        "Run every simulation of a search for EfficientZeroMLPModel (one "
-        "hidden layer, value-prefix LSTM) on a fresh tree whose root is "
-        "initialised, in place, descending with the named rules.",
-        MZ_FUSED_TREE_PY_ARGS, py::arg("latent"), py::arg("lstm_h"),
-        py::arg("lstm_c"), py::arg("value_prefix"), py::arg("steps"),
-        py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
-        py::arg("layer_norm_eps"), py::arg("lstm_horizon_len"),
-        py::arg("root_rule"), py::arg("root_params"), py::arg("interior_rule"),
-        py::arg("interior_params"), py::arg("extra") = Extra{},
-        py::arg("fma") = false);
-  m.def("ez_recurrent", &ez_recurrent,
-        "Test hook: the fused EfficientZero search's network step "
-        "(search_step) for a batch of states (`baseline`: force the 4-wide "
-        "build). Returns [next_latent, lstm_h, lstm_c, value_prefix, steps, "
-        "reward, policy_logits, value, prior].",
-        py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
-        py::arg("value_eps"), py::arg("layer_norm_eps"),
-        py::arg("lstm_horizon_len"), py::arg("latent"), py::arg("lstm_h"),
-        py::arg("lstm_c"), py::arg("value_prefix"), py::arg("steps"),
-        py::arg("action"), py::arg("baseline") = false, py::arg("fma") = false);
-}
-
-}  // namespace tree_ops
-
-#else  // no GCC/Clang vector extensions: the module has no fused search
-
-namespace tree_ops {
-void register_ez(pybind11::module_&) {}
 }  // namespace tree_ops
 
 #endif  // MZ_HAVE_MLP_SEARCH

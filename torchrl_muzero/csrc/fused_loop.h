@@ -13,15 +13,6 @@
 #include "mlp_net.h"
 #include "rules.h"
 
-// The tree arrays every fused search takes first, as pybind11 keyword names (in
-// the order of `_cpp._fused_tree_arrays`), for the searches' m.def calls.
-#define MZ_FUSED_TREE_PY_ARGS                                                     \
-  py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),                \
-      py::arg("action_from_parent"), py::arg("children_index"),                   \
-      py::arg("children_prior"), py::arg("children_reward"),                      \
-      py::arg("children_discount"), py::arg("children_logits"),                   \
-      py::arg("raw_value"), py::arg("min_q"), py::arg("max_q"), py::arg("root_legal")
-
 #ifdef MZ_HAVE_MLP_SEARCH
 
 namespace tree_ops {

@@ -19,6 +19,8 @@
 // softmax to float32 rounding (test/test_gumbel_fused.py).
 #pragma once
 
+#include <ATen/ops/empty.h>
+
 #include "gumbel_rules.h"
 
 namespace tree_ops {
@@ -53,7 +55,7 @@ inline std::vector<at::Tensor> gumbel_readout(
   int64_t* action_p = action.data_ptr<int64_t>();
   const float* noise_all = gumbel.data_ptr<float>();
 
-  pybind11::gil_scoped_release no_gil;
+  GilRelease no_gil;
   std::vector<float> buf(static_cast<size_t>(3 * A));
   float* sigma = buf.data();
   float* visits = sigma + A;
@@ -87,20 +89,6 @@ inline std::vector<at::Tensor> gumbel_readout(
     value_p[b] = r.vs[0] / static_cast<float>(std::max(r.vc[0], 1));
   }
   return {counts, improved, value, action};
-}
-
-inline void register_gumbel_readout(pybind11::module_& m) {
-  namespace py = pybind11;
-  m.def("gumbel_readout", &gumbel_readout,
-        "Gumbel MuZero's result of finished trees: [visit_counts [B, A] "
-        "int32, improved policy [B, A], root value [B], action [B] int64] "
-        "(params: value_scale, maxvisit_init, rescale_values).",
-        py::arg("visit_count"), py::arg("value_sum"),
-        py::arg("children_index"), py::arg("children_prior"),
-        py::arg("children_reward"), py::arg("children_discount"),
-        py::arg("children_logits"), py::arg("raw_value"), py::arg("min_q"),
-        py::arg("max_q"), py::arg("root_legal"), py::arg("gumbel"),
-        py::arg("params"));
 }
 
 }  // namespace tree_ops

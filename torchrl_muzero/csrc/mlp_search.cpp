@@ -1,11 +1,14 @@
 // The fused search for MuZeroMLPModel: every simulation of a search in one
 // call (select with the given rules, the network step of mlp_net.h, expand
 // and backup), the GIL released throughout. Also the network's test and
-// benchmark hooks (mlp_recurrent, mlp_unroll) and their registration.
+// benchmark hooks (mlp_recurrent, mlp_unroll), bound in tree_ops.cpp.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+
 #include "mlp_net.h"
 #include "dispatch.h"
+#include "entry_points.h"
 #include "fused_loop.h"
-#include "gumbel_readout.h"
 
 #include <algorithm>
 #include <mutex>
@@ -15,7 +18,6 @@
 #ifdef MZ_HAVE_MLP_SEARCH
 
 namespace tree_ops {
-namespace {
 
 // Test hook: one search step, as model.recurrent_inference_scalar plus the
 // prior. Returns (next_latent, reward, policy_logits, value, prior).
@@ -33,7 +35,7 @@ std::vector<at::Tensor> mlp_recurrent(const std::vector<at::Tensor>& weights,
   auto next = at::empty({B, net.L}, opts);
   auto reward = at::empty({B}, opts), value = at::empty({B}, opts);
   auto logits = at::empty({B, net.A}, opts), prior = at::empty({B, net.A}, opts);
-  pybind11::gil_scoped_release no_gil;
+  GilRelease no_gil;
   MlpScratch& sc = thread_scratch(net);
   const float* in[kGroup];
   float* out[kGroup];
@@ -63,7 +65,7 @@ at::Tensor mlp_unroll(const std::vector<at::Tensor>& weights,
   const int64_t S = actions.size(0), B = actions.size(1);
   check_latent_and_actions(net, latent, actions, B);
   auto cur = latent.clone(), nxt = at::empty_like(latent);
-  pybind11::gil_scoped_release no_gil;
+  GilRelease no_gil;
   MlpScratch& sc = thread_scratch(net);
   std::vector<float> reward(kGroup), value(kGroup), prior(kGroup * net.A);
   const float* in[kGroup];
@@ -95,7 +97,7 @@ std::pair<std::vector<std::pair<int64_t, int64_t>>, int64_t> row_chunks_probe(
   std::vector<std::pair<int64_t, int64_t>> ranges;
   std::set<std::thread::id> threads;
   {
-    pybind11::gil_scoped_release no_gil;
+    GilRelease no_gil;
     for_row_chunks(B, [&](int64_t b0, int64_t b1) {
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -109,6 +111,8 @@ std::pair<std::vector<std::pair<int64_t, int64_t>>, int64_t> row_chunks_probe(
   std::sort(ranges.begin(), ranges.end());
   return {ranges, static_cast<int64_t>(threads.size())};
 }
+
+namespace {
 
 // The simulations of mlp_search on the checked tree `t` (every pointer set).
 void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
@@ -129,7 +133,7 @@ void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
   const int64_t L = net.L;
 
   with_rules(root, interior, t, extra, [&](const auto& rr0, const auto& ir0) {
-    pybind11::gil_scoped_release no_gil;
+    GilRelease no_gil;
     for_row_chunks_with_rules(t.B, rr0, ir0, [&](int64_t b0, int64_t b1, auto& rr, auto& ir) {
       MlpScratch& sc = thread_scratch(net);
       int64_t act[kGroup];
@@ -157,6 +161,8 @@ void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
     });
   });
 }
+
+}  // namespace
 
 // The whole search on a fresh tree whose root (node 0: children_prior,
 // children_logits, root_legal, embeddings, raw_value) the caller has filled:
@@ -228,64 +234,6 @@ void mlp_search_puct(const at::Tensor& visit_count, const at::Tensor& value_sum,
                  Extra{}, /*fma=*/false);
 }
 
-}  // namespace
-
-void register_mlp(pybind11::module_& m) {
-  namespace py = pybind11;
-  register_gumbel_readout(m);  // Gumbel's result after the fused search
-  m.def("mlp_search", &mlp_search,
-        "Run every simulation of a search for MuZeroMLPModel (one hidden "
-        "layer) on a fresh tree whose root is initialised, in place, "
-        "descending with the named root and interior rules (`fma`: the "
-        "opt-in FMA network path where the CPU has it).",
-        MZ_FUSED_TREE_PY_ARGS, py::arg("embeddings"), py::arg("weights"),
-        py::arg("reward_eps"), py::arg("value_eps"), py::arg("root_rule"),
-        py::arg("root_params"), py::arg("interior_rule"),
-        py::arg("interior_params"), py::arg("extra") = Extra{},
-        py::arg("fma") = false);
-  m.def("mlp_search", &mlp_search_puct,
-        "Version-1 form: pUCT everywhere with (pb_c_base, pb_c_init) and one "
-        "discount for every edge.",
-        py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),
-        py::arg("action_from_parent"), py::arg("children_index"),
-        py::arg("children_prior"), py::arg("children_reward"),
-        py::arg("min_q"), py::arg("max_q"), py::arg("root_legal"),
-        py::arg("embeddings"), py::arg("weights"), py::arg("reward_eps"),
-        py::arg("value_eps"), py::arg("pb_c_base"), py::arg("pb_c_init"),
-        py::arg("discount"));
-  m.def("mlp_recurrent", &mlp_recurrent,
-        "Test hook: the fused search's network step for a batch of latents "
-        "(`baseline`: force the 4-wide build instead of the AVX2 one; `fma`: "
-        "the FMA copy where the CPU has it). "
-        "Returns [next_latent, reward, policy_logits, value, prior].",
-        py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
-        py::arg("value_eps"), py::arg("latent"), py::arg("action"),
-        py::arg("baseline") = false, py::arg("fma") = false);
-  m.def("mlp_unroll", &mlp_unroll,
-        "Benchmark hook: actions.size(0) chained network steps without a "
-        "tree. Returns the last latent.",
-        py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
-        py::arg("value_eps"), py::arg("latent"), py::arg("actions"),
-        py::arg("fma") = false);
-  m.def("row_chunks_probe", &row_chunks_probe,
-        "Test hook: ([(b0, b1), ...], distinct threads) of the fused "
-        "searches' split of B trees; fail_at >= 0 throws in that row's chunk.",
-        py::arg("B"), py::arg("fail_at") = -1);
-  m.def("search_threads_on_torch_team", &search_threads_on_torch_team,
-        "Whether the fused searches split their trees on torch's OpenMP "
-        "team (the extension is linked against torch's runtime) or on "
-        "threads of their own.");
-  m.def("kernel_has_fma", &kernel_has_fma,
-        "Whether the fused searches' `fma=True` runs their FMA network path "
-        "on this CPU (x86 with AVX2 and FMA); elsewhere it runs the exact one.");
-}
-
-}  // namespace tree_ops
-
-#else  // no GCC/Clang vector extensions: the module has no fused search
-
-namespace tree_ops {
-void register_mlp(pybind11::module_& m) { register_gumbel_readout(m); }
 }  // namespace tree_ops
 
 #endif  // MZ_HAVE_MLP_SEARCH

@@ -23,7 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 namespace tree_ops {
 

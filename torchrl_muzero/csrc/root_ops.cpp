@@ -15,15 +15,30 @@
 // code; only exact work (fills, copies, masking to -inf, gathering visit
 // counts) and correctly rounded float32 divisions run as plain loops. test: the Python functions
 // stay, and test/test_root_ops.py compares them.
-#include <torch/extension.h>
+// Bound in tree_ops.cpp; the ATen ops come from their own light headers.
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_standard_gamma.h>
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/clamp_min.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/log.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/multinomial.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/sum.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
 
+#include "entry_points.h"
+
 namespace tree_ops {
-namespace {
 
 using Gen = std::optional<at::Generator>;
 
@@ -149,31 +164,6 @@ std::vector<at::Tensor> start_tree_arrays(const at::Tensor& policy_logits, const
           raw_value,
           children_logits,
           filled_f({B, N, A}, static_cast<float>(discount))};  // children_discount
-}
-
-}  // namespace
-
-void register_root_ops(pybind11::module_& m) {
-  namespace py = pybind11;
-  m.def("start_tree_arrays", &start_tree_arrays,
-        "A fresh tree's arrays with the root written, as mcts/loop.py::start_tree (without the "
-        "node states): [visit_count, value_sum, parent, action_from_parent, children_index, "
-        "children_prior, children_reward, min_q, max_q, root_legal, raw_value, children_logits, "
-        "children_discount].",
-        py::arg("policy_logits"), py::arg("legal"), py::arg("value"), py::arg("num_nodes"),
-        py::arg("discount"));
-  m.def("mix_dirichlet_noise", &mix_dirichlet_noise,
-        "Mix Dirichlet(alpha) noise over the legal actions into the root priors "
-        "children_prior[:, 0] in place, as mcts/search.py does in torch (the same draws from "
-        "`generator`, bit for bit). Returns the noise [B, A].",
-        py::arg("children_prior"), py::arg("legal"), py::arg("alpha"), py::arg("fraction"),
-        py::arg("generator") = py::none());
-  m.def("visit_readout", &visit_readout,
-        "MuZero's readout of finished trees, as mcts/search.py::visit_result: [visit_counts, "
-        "search_policy, root_value, action] (the action drawn with `temperature` from "
-        "`generator`, bit for bit the torch code's).",
-        py::arg("visit_count"), py::arg("value_sum"), py::arg("children_index"),
-        py::arg("temperature"), py::arg("generator") = py::none());
 }
 
 }  // namespace tree_ops

@@ -1,20 +1,22 @@
 // The fused search for StochasticMuZeroMLPModel: every simulation of a
 // Stochastic MuZero search in one call (select with the given rules, the
 // network step of stochastic_net.h for the leaf's kind, expand and backup),
-// the GIL released throughout. Also its test hook (stochastic_recurrent) and
-// the registration of both.
+// the GIL released throughout. Also its test hook (stochastic_recurrent); both
+// are bound in tree_ops.cpp.
 //
 // Why: the torch model's search step runs both branches (afterstate and
 // chance) on the whole batch over a TensorDict state, ~60 aten calls per
 // simulation; at small B that dispatch is the whole cost of the search.
+#include <ATen/ops/empty.h>
+
 #include "stochastic_net.h"
 #include "dispatch.h"
+#include "entry_points.h"
 #include "fused_loop.h"
 
 #ifdef MZ_HAVE_MLP_SEARCH
 
 namespace tree_ops {
-namespace {
 
 // Test hook: model.search_step(state, action, discount) for a batch.
 // Returns (new_latent, reward, logits [B, A + C], value, prior [B, A + C],
@@ -40,7 +42,7 @@ std::vector<at::Tensor> stochastic_recurrent(
   auto reward = at::empty({B}, opts), value = at::empty({B}, opts);
   auto disc = at::empty({B}, opts);
   auto logits = at::empty({B, S}, opts), prior = at::empty({B, S}, opts);
-  pybind11::gil_scoped_release no_gil;
+  GilRelease no_gil;
   StochasticScratch& sc = stochastic_scratch(net);
   const float* in[kGroup];
   float* out[kGroup];
@@ -111,7 +113,7 @@ void stochastic_search(
   with_rules(parse_rule(root_rule, root_params, true),
              parse_rule(interior_rule, interior_params, false), t, rule_extra,
              [&](const auto& rr0, const auto& ir0) {
-    pybind11::gil_scoped_release no_gil;
+    GilRelease no_gil;
     for_row_chunks_with_rules(t.B, rr0, ir0, [&](int64_t b0, int64_t b1, auto& rr, auto& ir) {
       StochasticScratch& sc = stochastic_scratch(net);
       int64_t act[kGroup];
@@ -144,38 +146,6 @@ void stochastic_search(
   });
 }
 
-}  // namespace
-
-void register_stochastic(pybind11::module_& m) {
-  namespace py = pybind11;
-  m.def("stochastic_search", &stochastic_search,
-        "Run every simulation of a Stochastic MuZero search for "
-        "StochasticMuZeroMLPModel (one hidden layer) on a fresh tree whose "
-        "root is initialised, in place, descending with the named root and "
-        "interior rules (`fma`: the opt-in FMA network path where the CPU "
-        "has it).",
-        MZ_FUSED_TREE_PY_ARGS, py::arg("latent"), py::arg("is_chance"),
-        py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
-        py::arg("discount"), py::arg("root_rule"), py::arg("root_params"),
-        py::arg("interior_rule"), py::arg("interior_params"),
-        py::arg("extra") = Extra{}, py::arg("fma") = false);
-  m.def("stochastic_recurrent", &stochastic_recurrent,
-        "Test hook: the fused Stochastic MuZero search's network step "
-        "(model.search_step) for a batch (`baseline`: force the 4-wide "
-        "build; `fma`: the FMA copy where the CPU has it). Returns "
-        "[new_latent, reward, logits, value, prior, edge_discount].",
-        py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
-        py::arg("latent"), py::arg("is_chance"), py::arg("action"),
-        py::arg("discount"), py::arg("baseline") = false,
-        py::arg("fma") = false);
-}
-
-}  // namespace tree_ops
-
-#else  // no GCC/Clang vector extensions: no fused Stochastic MuZero search
-
-namespace tree_ops {
-void register_stochastic(pybind11::module_&) {}
 }  // namespace tree_ops
 
 #endif  // MZ_HAVE_MLP_SEARCH

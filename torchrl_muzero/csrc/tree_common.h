@@ -21,7 +21,13 @@
 // way torch.minimum/maximum do).
 #pragma once
 
-#include <torch/extension.h>
+// Light ATen / c10 headers only (not torch/extension.h: ~25 s of parsing per
+// translation unit, the whole C++ frontend and Python bindings): the compute
+// files see tensors, their dtypes and TORCH_CHECK; a file that calls an ATen
+// op includes that op's own header (<ATen/ops/empty.h>, ...), and only the
+// module file (tree_ops.cpp) includes pybind11.
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,6 +54,20 @@
 #endif
 
 namespace tree_ops {
+
+// Releases the GIL for its lifetime (pybind11::gil_scoped_release, which it
+// holds): the compute files release it around their loops without including
+// pybind11; defined in tree_ops.cpp, the module's file.
+class GilRelease {
+ public:
+  GilRelease();
+  ~GilRelease();
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+
+ private:
+  alignas(void*) unsigned char state_[32];
+};
 
 // Bumped whenever the Python-visible signatures or semantics change, so the
 // loader can reject a stale in-place build instead of calling it wrongly.

@@ -1,5 +1,6 @@
 // Tree bookkeeping of the batched MCTS (torchrl_muzero/mcts/tree.py) as plain
-// loops over the B trees: the Python-visible entry points and the module.
+// loops over the B trees, and the module: the only file that includes
+// pybind11 (it binds every function of entry_points.h here).
 //
 // Why C++: done as batched torch ops, one depth level of select/backup costs
 // ~35 small aten calls (3-6 us of dispatch each on CPU), which dominates the
@@ -10,7 +11,9 @@
 //
 // Files:
 //   tree_common.h  argument checks, the per-tree view, expand + backup
-//                  (the backup's float32 contract);
+//                  (the backup's float32 contract), GilRelease;
+//   entry_points.h the Python-visible functions of the other files, bound
+//                  below;
 //   rules.h        pUCT, Stochastic MuZero's chance / stochastic rules and
 //                  the one descent select_in_tree<RootRule, InteriorRule>,
 //                  with each rule's float32 contract;
@@ -38,19 +41,17 @@
 // plain-torch path (mcts/puct.py, select.py, backup.py and the rules'
 // modules) mirrors the contracts, so both pick the same leaves.
 
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>  // pybind11 with ATen's type casters
+
+#include <new>
+
 #include "dispatch.h"
+#include "entry_points.h"
+#include "fused_loop.h"
+#include "gumbel_readout.h"
 
 namespace tree_ops {
-
-// Defined in mlp_search.cpp, stochastic_search.cpp, ez_search.cpp and
-// unizero_search.cpp (empty
-// without GCC/Clang vector extensions).
-void register_mlp(pybind11::module_& m);
-void register_stochastic(pybind11::module_& m);
-void register_ez(pybind11::module_& m);
-void register_unizero(pybind11::module_& m);
-void register_root_ops(pybind11::module_& m);
-
 namespace {
 
 // The loops over B are deliberately serial. Trees are independent, so a
@@ -84,7 +85,7 @@ std::tuple<at::Tensor, at::Tensor> select_leaves(
   with_rules(root, interior, t, extra, [&](const auto& rr, const auto& ir) {
     // The loop only touches raw memory; let other Python threads (actors,
     // data loaders) run meanwhile.
-    pybind11::gil_scoped_release no_gil;
+    GilRelease no_gil;
     for (int64_t b = 0; b < B; ++b) {
       const Leaf leaf = select_in_tree(row(t, b), rr, ir);
       out_node[b] = leaf.node;
@@ -151,13 +152,226 @@ void expand_and_backup(
                 act, ") of tree ", b, " is already expanded");
   }
 
-  pybind11::gil_scoped_release no_gil;
+  GilRelease no_gil;
   for (int64_t b = 0; b < B; ++b) {
     expand_and_backup_in_tree(row(t, b), n, leaf_all[b], act_all[b],
                               rew_all[b], val_all[b], prior_all + b * A,
                               disc_all == nullptr ? nullptr : disc_all + b);
   }
 }
+
+}  // namespace
+}  // namespace tree_ops
+
+// The tree arrays every fused search takes first, as pybind11 keyword names (in
+// the order of `_cpp._fused_tree_arrays`), for the searches' m.def calls.
+#define MZ_FUSED_TREE_PY_ARGS                                                     \
+  py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),                \
+      py::arg("action_from_parent"), py::arg("children_index"),                   \
+      py::arg("children_prior"), py::arg("children_reward"),                      \
+      py::arg("children_discount"), py::arg("children_logits"),                   \
+      py::arg("raw_value"), py::arg("min_q"), py::arg("max_q"), py::arg("root_legal")
+
+namespace tree_ops {
+
+// Defined in tree_common.h, for the compute files: pybind11's GIL release
+// held in place.
+GilRelease::GilRelease() {
+  static_assert(sizeof(pybind11::gil_scoped_release) <= sizeof(state_) &&
+                    alignof(pybind11::gil_scoped_release) <= alignof(void*),
+                "GilRelease::state_ too small for pybind11::gil_scoped_release");
+  new (state_) pybind11::gil_scoped_release();
+}
+
+GilRelease::~GilRelease() {
+  std::launder(reinterpret_cast<pybind11::gil_scoped_release*>(state_))->~gil_scoped_release();
+}
+
+namespace {
+
+// The registrations of the functions of entry_points.h (and of
+// gumbel_readout.h), one per compute file; without GCC/Clang vector
+// extensions the module has no fused search.
+void register_gumbel_readout(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("gumbel_readout", &gumbel_readout,
+        "Gumbel MuZero's result of finished trees: [visit_counts [B, A] "
+        "int32, improved policy [B, A], root value [B], action [B] int64] "
+        "(params: value_scale, maxvisit_init, rescale_values).",
+        py::arg("visit_count"), py::arg("value_sum"),
+        py::arg("children_index"), py::arg("children_prior"),
+        py::arg("children_reward"), py::arg("children_discount"),
+        py::arg("children_logits"), py::arg("raw_value"), py::arg("min_q"),
+        py::arg("max_q"), py::arg("root_legal"), py::arg("gumbel"),
+        py::arg("params"));
+}
+
+void register_root_ops(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("start_tree_arrays", &start_tree_arrays,
+        "A fresh tree's arrays with the root written, as mcts/loop.py::start_tree (without the "
+        "node states): [visit_count, value_sum, parent, action_from_parent, children_index, "
+        "children_prior, children_reward, min_q, max_q, root_legal, raw_value, children_logits, "
+        "children_discount].",
+        py::arg("policy_logits"), py::arg("legal"), py::arg("value"), py::arg("num_nodes"),
+        py::arg("discount"));
+  m.def("mix_dirichlet_noise", &mix_dirichlet_noise,
+        "Mix Dirichlet(alpha) noise over the legal actions into the root priors "
+        "children_prior[:, 0] in place, as mcts/search.py does in torch (the same draws from "
+        "`generator`, bit for bit). Returns the noise [B, A].",
+        py::arg("children_prior"), py::arg("legal"), py::arg("alpha"), py::arg("fraction"),
+        py::arg("generator") = py::none());
+  m.def("visit_readout", &visit_readout,
+        "MuZero's readout of finished trees, as mcts/search.py::visit_result: [visit_counts, "
+        "search_policy, root_value, action] (the action drawn with `temperature` from "
+        "`generator`, bit for bit the torch code's).",
+        py::arg("visit_count"), py::arg("value_sum"), py::arg("children_index"),
+        py::arg("temperature"), py::arg("generator") = py::none());
+}
+
+#ifdef MZ_HAVE_MLP_SEARCH
+
+void register_mlp(pybind11::module_& m) {
+  namespace py = pybind11;
+  register_gumbel_readout(m);  // Gumbel's result after the fused search
+  m.def("mlp_search", &mlp_search,
+        "Run every simulation of a search for MuZeroMLPModel (one hidden "
+        "layer) on a fresh tree whose root is initialised, in place, "
+        "descending with the named root and interior rules (`fma`: the "
+        "opt-in FMA network path where the CPU has it).",
+        MZ_FUSED_TREE_PY_ARGS, py::arg("embeddings"), py::arg("weights"),
+        py::arg("reward_eps"), py::arg("value_eps"), py::arg("root_rule"),
+        py::arg("root_params"), py::arg("interior_rule"),
+        py::arg("interior_params"), py::arg("extra") = Extra{},
+        py::arg("fma") = false);
+  m.def("mlp_search", &mlp_search_puct,
+        "Version-1 form: pUCT everywhere with (pb_c_base, pb_c_init) and one "
+        "discount for every edge.",
+        py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),
+        py::arg("action_from_parent"), py::arg("children_index"),
+        py::arg("children_prior"), py::arg("children_reward"),
+        py::arg("min_q"), py::arg("max_q"), py::arg("root_legal"),
+        py::arg("embeddings"), py::arg("weights"), py::arg("reward_eps"),
+        py::arg("value_eps"), py::arg("pb_c_base"), py::arg("pb_c_init"),
+        py::arg("discount"));
+  m.def("mlp_recurrent", &mlp_recurrent,
+        "Test hook: the fused search's network step for a batch of latents "
+        "(`baseline`: force the 4-wide build instead of the AVX2 one; `fma`: "
+        "the FMA copy where the CPU has it). "
+        "Returns [next_latent, reward, policy_logits, value, prior].",
+        py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
+        py::arg("value_eps"), py::arg("latent"), py::arg("action"),
+        py::arg("baseline") = false, py::arg("fma") = false);
+  m.def("mlp_unroll", &mlp_unroll,
+        "Benchmark hook: actions.size(0) chained network steps without a "
+        "tree. Returns the last latent.",
+        py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
+        py::arg("value_eps"), py::arg("latent"), py::arg("actions"),
+        py::arg("fma") = false);
+  m.def("row_chunks_probe", &row_chunks_probe,
+        "Test hook: ([(b0, b1), ...], distinct threads) of the fused "
+        "searches' split of B trees; fail_at >= 0 throws in that row's chunk.",
+        py::arg("B"), py::arg("fail_at") = -1);
+  m.def("search_threads_on_torch_team", &search_threads_on_torch_team,
+        "Whether the fused searches split their trees on torch's OpenMP "
+        "team (the extension is linked against torch's runtime) or on "
+        "threads of their own.");
+  m.def("kernel_has_fma", &kernel_has_fma,
+        "Whether the fused searches' `fma=True` runs their FMA network path "
+        "on this CPU (x86 with AVX2 and FMA); elsewhere it runs the exact one.");
+}
+
+void register_stochastic(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("stochastic_search", &stochastic_search,
+        "Run every simulation of a Stochastic MuZero search for "
+        "StochasticMuZeroMLPModel (one hidden layer) on a fresh tree whose "
+        "root is initialised, in place, descending with the named root and "
+        "interior rules (`fma`: the opt-in FMA network path where the CPU "
+        "has it).",
+        MZ_FUSED_TREE_PY_ARGS, py::arg("latent"), py::arg("is_chance"),
+        py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
+        py::arg("discount"), py::arg("root_rule"), py::arg("root_params"),
+        py::arg("interior_rule"), py::arg("interior_params"),
+        py::arg("extra") = Extra{}, py::arg("fma") = false);
+  m.def("stochastic_recurrent", &stochastic_recurrent,
+        "Test hook: the fused Stochastic MuZero search's network step "
+        "(model.search_step) for a batch (`baseline`: force the 4-wide "
+        "build; `fma`: the FMA copy where the CPU has it). Returns "
+        "[new_latent, reward, logits, value, prior, edge_discount].",
+        py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
+        py::arg("latent"), py::arg("is_chance"), py::arg("action"),
+        py::arg("discount"), py::arg("baseline") = false,
+        py::arg("fma") = false);
+}
+
+void register_ez(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("ez_search", &ez_search,
+        "Run every simulation of a search for EfficientZeroMLPModel (one "
+        "hidden layer, value-prefix LSTM) on a fresh tree whose root is "
+        "initialised, in place, descending with the named rules.",
+        MZ_FUSED_TREE_PY_ARGS, py::arg("latent"), py::arg("lstm_h"),
+        py::arg("lstm_c"), py::arg("value_prefix"), py::arg("steps"),
+        py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
+        py::arg("layer_norm_eps"), py::arg("lstm_horizon_len"),
+        py::arg("root_rule"), py::arg("root_params"), py::arg("interior_rule"),
+        py::arg("interior_params"), py::arg("extra") = Extra{},
+        py::arg("fma") = false);
+  m.def("ez_recurrent", &ez_recurrent,
+        "Test hook: the fused EfficientZero search's network step "
+        "(search_step) for a batch of states (`baseline`: force the 4-wide "
+        "build). Returns [next_latent, lstm_h, lstm_c, value_prefix, steps, "
+        "reward, policy_logits, value, prior].",
+        py::arg("weights"), py::arg("num_actions"), py::arg("reward_eps"),
+        py::arg("value_eps"), py::arg("layer_norm_eps"),
+        py::arg("lstm_horizon_len"), py::arg("latent"), py::arg("lstm_h"),
+        py::arg("lstm_c"), py::arg("value_prefix"), py::arg("steps"),
+        py::arg("action"), py::arg("baseline") = false, py::arg("fma") = false);
+}
+
+void register_unizero(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("unizero_search", &unizero_search,
+        "Run every simulation of a search for UniZeroModel (transformer world model; with `kv`, "
+        "the exact per-node KV cache, each node's buffer holding its own slots only, else a "
+        "full recompute per step) on a fresh tree whose "
+        "root is initialised, in place, descending with the named rules (`fma`: the opt-in "
+        "FMA path of the expansions' linear layers and decodes where the CPU has it).",
+        MZ_FUSED_TREE_PY_ARGS,
+        py::arg("latents"), py::arg("actions"), py::arg("length"), py::arg("kv"),
+        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("root_rule"),
+        py::arg("root_params"), py::arg("interior_rule"), py::arg("interior_params"),
+        py::arg("extra") = Extra{}, py::arg("fma") = false);
+  m.def("unizero_root", &unizero_root,
+        "The roots of UniZeroModel.root_from_latents (a full forward over each packed window; "
+        "`kv` None: no cache). Returns [policy_logits, value].",
+        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("latents"),
+        py::arg("actions"), py::arg("length"), py::arg("kv"), py::arg("baseline") = false);
+  m.def("unizero_root_window", &unizero_root_window,
+        "UniZeroModel.root_from_latents for full history windows (no packing needed): the "
+        "root node states and unizero_root's outputs in one call. Returns [latents, actions, "
+        "length, kv (undefined without `cache`), policy_logits, value].",
+        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("window"),
+        py::arg("history"), py::arg("cache"));
+  m.def("unizero_recurrent", &unizero_recurrent,
+        "Test hook: the fused UniZero search's network step (search_step) for a batch of "
+        "states (`kv` None: recompute mode; `baseline`: force the 4-wide build; `fma`: the "
+        "FMA copy where the CPU has it). Returns "
+        "[latents, actions, length, kv, reward, policy_logits, value, prior].",
+        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("latents"),
+        py::arg("actions"), py::arg("length"), py::arg("kv"), py::arg("action"),
+        py::arg("baseline") = false, py::arg("fma") = false);
+}
+
+#else  // no GCC/Clang vector extensions: the module has no fused search
+
+void register_mlp(pybind11::module_& m) { register_gumbel_readout(m); }
+void register_stochastic(pybind11::module_&) {}
+void register_ez(pybind11::module_&) {}
+void register_unizero(pybind11::module_&) {}
+
+#endif  // MZ_HAVE_MLP_SEARCH
 
 }  // namespace
 }  // namespace tree_ops

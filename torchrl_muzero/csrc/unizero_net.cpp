@@ -5,6 +5,7 @@
 #include "pack_cache.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "mlp_kernels.h"
 
@@ -173,6 +174,46 @@ MZ_INLINE void blocks(const UzNet& net, UzScratch& sc, int64_t m, const Pass& p)
   }
 }
 
+// The blocks and the heads (below) are called, not inlined, from the steps
+// and the roots: one out-of-line copy per build (baseline, AVX2, FMA), each
+// with the kernels inlined as before. Inlined at their eight call sites
+// (twice per token pass, in the full forward, in the roots), the transformer
+// layers made this file ~70 s of compiling, the kernel build's longest; a
+// call per pass of the layers costs nothing next to the pass, and a copy's
+// code and results are the inlined ones'.
+__attribute__((noinline)) void blocks_baseline(const UzNet& net, UzScratch& sc, int64_t m,
+                                               const Pass& p) {
+  blocks<v4f, false>(net, sc, m, p);
+}
+
+#ifdef MZ_X86_AVX2_PATH
+__attribute__((noinline, target("avx2"))) void blocks_avx2(const UzNet& net, UzScratch& sc,
+                                                           int64_t m, const Pass& p) {
+  blocks<v8f, false>(net, sc, m, p);
+}
+
+__attribute__((noinline, target("avx2,fma"))) void blocks_fma(const UzNet& net, UzScratch& sc,
+                                                              int64_t m, const Pass& p) {
+  blocks<v8f, true>(net, sc, m, p);
+}
+#endif
+
+// blocks<V, F> through the copy of its build.
+template <class V, bool F>
+MZ_INLINE void run_blocks(const UzNet& net, UzScratch& sc, int64_t m, const Pass& p) {
+  if constexpr (std::is_same_v<V, v4f>) {
+    static_assert(!F, "the FMA path is 8 wide");
+    blocks_baseline(net, sc, m, p);
+  } else {
+#ifdef MZ_X86_AVX2_PATH
+    if constexpr (F)
+      blocks_fma(net, sc, m, p);
+    else
+      blocks_avx2(net, sc, m, p);
+#endif
+  }
+}
+
 // Input token t of a context (latents [MB, E], actions [MB]) into `x`.
 MZ_INLINE void context_token(const UzNet& net, const float* lat, const int64_t* act,
                              int64_t t, float* x) {
@@ -203,7 +244,7 @@ MZ_INLINE void full_forward(const UzNet& net, UzScratch& sc, const float* lat,
     sc.table[t] = kv_base + t * SF;
     table[t] = sc.table.data();
   }
-  blocks<V, F>(net, sc, T, Pass{slot.data(), kv_out.data(), table.data()});
+  run_blocks<V, F>(net, sc, T, Pass{slot.data(), kv_out.data(), table.data()});
 }
 
 // One new token per tree row (cache mode) or one full forward per row
@@ -227,7 +268,7 @@ MZ_INLINE void token_pass(const UzNet& net, UzScratch& sc, int64_t n, UzRows& ro
       rows.slots[s][lp[s]] = kv_out[s];
       table[s] = rows.slots[s];
     }
-    blocks<V, F>(net, sc, n, Pass{slot, kv_out, table});
+    run_blocks<V, F>(net, sc, n, Pass{slot, kv_out, table});
     for (int64_t s = 0; s < n; ++s)
       layer_norm(sc.x.data() + s * EP, E, net.lnf_w.data(), net.lnf_b.data(), net.ln_eps,
                  sc.h.data() + s * EP);
@@ -251,6 +292,44 @@ MZ_INLINE void heads(const Dense& trunk, const Dense& first, const Dense& second
   dense_rows<V, F>(first, sc, n, sc.trunk.data(), trunk.J, sc.out1.data(), first.J);
   dense_rows<V, F>(second, sc, n, sc.trunk.data() + round_up16(first.K), trunk.J,
                 sc.out2.data(), second.J);
+}
+
+// Out-of-line copies of heads, as of blocks above.
+__attribute__((noinline)) void heads_baseline(const Dense& trunk, const Dense& first,
+                                              const Dense& second, UzScratch& sc, int64_t n,
+                                              int64_t EP) {
+  heads<v4f, false>(trunk, first, second, sc, n, EP);
+}
+
+#ifdef MZ_X86_AVX2_PATH
+__attribute__((noinline, target("avx2"))) void heads_avx2(const Dense& trunk, const Dense& first,
+                                                          const Dense& second, UzScratch& sc,
+                                                          int64_t n, int64_t EP) {
+  heads<v8f, false>(trunk, first, second, sc, n, EP);
+}
+
+__attribute__((noinline, target("avx2,fma"))) void heads_fma(const Dense& trunk,
+                                                             const Dense& first,
+                                                             const Dense& second, UzScratch& sc,
+                                                             int64_t n, int64_t EP) {
+  heads<v8f, true>(trunk, first, second, sc, n, EP);
+}
+#endif
+
+template <class V, bool F>
+MZ_INLINE void run_heads(const Dense& trunk, const Dense& first, const Dense& second,
+                         UzScratch& sc, int64_t n, int64_t EP) {
+  if constexpr (std::is_same_v<V, v4f>) {
+    static_assert(!F, "the FMA path is 8 wide");
+    heads_baseline(trunk, first, second, sc, n, EP);
+  } else {
+#ifdef MZ_X86_AVX2_PATH
+    if constexpr (F)
+      heads_fma(trunk, first, second, sc, n, EP);
+    else
+      heads_avx2(trunk, first, second, sc, n, EP);
+#endif
+  }
 }
 
 template <class V, bool F>
@@ -289,7 +368,7 @@ MZ_INLINE void uz_step_impl(const UzNet& net, UzScratch& sc, int64_t n, UzRows& 
   }
   // The action token: reward and next latent.
   token_pass<V, F>(net, sc, n, rows, cache, lp, inputs);
-  heads<V, F>(net.act_trunk, net.latent_out, net.reward_out, sc, n, EP);
+  run_heads<V, F>(net.act_trunk, net.latent_out, net.reward_out, sc, n, EP);
   for (int64_t s = 0; s < n; ++s) {
     const float* raw = sc.out1.data() + s * net.latent_out.J;
     float* next = rows.c_latents[s] + ((lp[s] + 1) / 2) * E;
@@ -305,7 +384,7 @@ MZ_INLINE void uz_step_impl(const UzNet& net, UzScratch& sc, int64_t n, UzRows& 
   }
   // The predicted latent token: policy and value.
   token_pass<V, F>(net, sc, n, rows, cache, lp, inputs);
-  heads<V, F>(net.lat_trunk, net.policy_out, net.value_out, sc, n, EP);
+  run_heads<V, F>(net.lat_trunk, net.policy_out, net.value_out, sc, n, EP);
   for (int64_t s = 0; s < n; ++s) {
     const float* lg = sc.out1.data() + s * net.policy_out.J;
     std::copy_n(lg, A, logits + s * A);
@@ -375,11 +454,11 @@ MZ_INLINE void uz_roots_impl(const UzNet& net, UzScratch& sc, int64_t B, const f
       }
       last[g] = r - 1;
     }
-    blocks<V, F>(net, sc, m, Pass{slot.data(), kv_out.data(), table.data()});
+    run_blocks<V, F>(net, sc, m, Pass{slot.data(), kv_out.data(), table.data()});
     for (int64_t g = 0; g < G; ++g)
       layer_norm(sc.x.data() + last[g] * EP, net.E, net.lnf_w.data(), net.lnf_b.data(),
                  net.ln_eps, sc.h.data() + g * EP);
-    heads<V, F>(net.lat_trunk, net.policy_out, net.value_out, sc, G, EP);
+    run_heads<V, F>(net.lat_trunk, net.policy_out, net.value_out, sc, G, EP);
     for (int64_t g = 0; g < G; ++g) {
       std::copy_n(sc.out1.data() + g * net.policy_out.J, net.A, logits + (b0 + g) * net.A);
       value[b0 + g] = net.value_h(bin_expectation<V, F>(sc.out2.data() + g * net.value_out.J,

@@ -2,9 +2,15 @@
 // (select with the given rules, the transformer step of unizero_net.h with
 // the per-node KV cache or a full recompute, expand and backup), the GIL
 // released throughout. Also the step's test hook (unizero_recurrent) and the
-// registration.
+// roots' forward (unizero_root, unizero_root_window), bound in tree_ops.cpp.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+
 #include "unizero_net.h"
 #include "dispatch.h"
+#include "entry_points.h"
 #include "fused_loop.h"
 
 #ifdef MZ_HAVE_MLP_SEARCH
@@ -51,6 +57,8 @@ void check_length(const UzNet& net, int64_t len, const char* what) {
               net.MT);
 }
 
+}  // namespace
+
 // Test hook: search_step for a batch of states (kv given: cache mode, its
 // slots below each length must be filled as search_root / search_step fill
 // them). Returns (latents, actions, length, kv (empty in recompute mode),
@@ -77,7 +85,7 @@ std::vector<at::Tensor> unizero_recurrent(
   const auto opts = latents.options();
   auto reward = at::empty({B}, opts), value = at::empty({B}, opts);
   auto logits = at::empty({B, net.A}, opts), prior = at::empty({B, net.A}, opts);
-  pybind11::gil_scoped_release no_gil;
+  GilRelease no_gil;
   UzScratch& sc = thread_uz_scratch(net);
   const int64_t MB = net.MB, E = net.E, MT = net.MT, SF = net.slot_floats(), A = net.A;
   std::vector<const float*> tables(kGroup * MT);
@@ -122,7 +130,7 @@ std::vector<at::Tensor> unizero_root(const std::vector<at::Tensor>& weights,
   const UzState st = check_state(net, latents, actions, length, kv, {B});
   for (int64_t b = 0; b < B; ++b) check_length(net, st.length[b], "a root");
   auto logits = at::empty({B, net.A}, latents.options()), value = at::empty({B}, latents.options());
-  pybind11::gil_scoped_release no_gil;
+  GilRelease no_gil;
   UzScratch& sc = thread_uz_scratch(net);
   const int64_t MB = net.MB, E = net.E;
   uz_roots(net, sc, B, st.latents, MB * E, st.actions, MB, st.length, st.kv,
@@ -161,7 +169,7 @@ std::vector<at::Tensor> unizero_root_window(const std::vector<at::Tensor>& weigh
     std::copy_n(act_in.data_ptr<int64_t>() + b * K, K, act + b * MB);
   }
   {
-    pybind11::gil_scoped_release no_gil;
+    GilRelease no_gil;
     UzScratch& sc = thread_uz_scratch(net);
     const std::vector<int64_t> lengths(static_cast<size_t>(B), T);
     uz_roots(net, sc, B, lat, MB * E, act, MB, lengths.data(),
@@ -219,7 +227,7 @@ void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
   // by the chunks: each writes its own trees' rows only.
   std::vector<int64_t> own_from(B * N, 0);
   with_rules(root, interior, t, extra, [&](const auto& rr0, const auto& ir0) {
-    pybind11::gil_scoped_release no_gil;
+    GilRelease no_gil;
     for_row_chunks_with_rules(t.B, rr0, ir0, [&](int64_t b0, int64_t b1, auto& rr, auto& ir) {
       UzScratch& sc = thread_uz_scratch(net);  // thread_local: one per thread of the split
       UzRows rows;
@@ -264,48 +272,6 @@ void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
   });
 }
 
-}  // namespace
-
-void register_unizero(pybind11::module_& m) {
-  namespace py = pybind11;
-  m.def("unizero_search", &unizero_search,
-        "Run every simulation of a search for UniZeroModel (transformer world model; with `kv`, "
-        "the exact per-node KV cache, each node's buffer holding its own slots only, else a "
-        "full recompute per step) on a fresh tree whose "
-        "root is initialised, in place, descending with the named rules (`fma`: the opt-in "
-        "FMA path of the expansions' linear layers and decodes where the CPU has it).",
-        MZ_FUSED_TREE_PY_ARGS,
-        py::arg("latents"), py::arg("actions"), py::arg("length"), py::arg("kv"),
-        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("root_rule"),
-        py::arg("root_params"), py::arg("interior_rule"), py::arg("interior_params"),
-        py::arg("extra") = Extra{}, py::arg("fma") = false);
-  m.def("unizero_root", &unizero_root,
-        "The roots of UniZeroModel.root_from_latents (a full forward over each packed window; "
-        "`kv` None: no cache). Returns [policy_logits, value].",
-        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("latents"),
-        py::arg("actions"), py::arg("length"), py::arg("kv"), py::arg("baseline") = false);
-  m.def("unizero_root_window", &unizero_root_window,
-        "UniZeroModel.root_from_latents for full history windows (no packing needed): the "
-        "root node states and unizero_root's outputs in one call. Returns [latents, actions, "
-        "length, kv (undefined without `cache`), policy_logits, value].",
-        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("window"),
-        py::arg("history"), py::arg("cache"));
-  m.def("unizero_recurrent", &unizero_recurrent,
-        "Test hook: the fused UniZero search's network step (search_step) for a batch of "
-        "states (`kv` None: recompute mode; `baseline`: force the 4-wide build; `fma`: the "
-        "FMA copy where the CPU has it). Returns "
-        "[latents, actions, length, kv, reward, policy_logits, value, prior].",
-        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("latents"),
-        py::arg("actions"), py::arg("length"), py::arg("kv"), py::arg("action"),
-        py::arg("baseline") = false, py::arg("fma") = false);
-}
-
-}  // namespace tree_ops
-
-#else  // no GCC/Clang vector extensions: the module has no fused search
-
-namespace tree_ops {
-void register_unizero(pybind11::module_&) {}
 }  // namespace tree_ops
 
 #endif  // MZ_HAVE_MLP_SEARCH

@@ -1,0 +1,134 @@
+// The Python-visible functions the module file (tree_ops.cpp) binds, defined
+// in the compute files named below. Only tree_ops.cpp includes pybind11: the
+// other translation units see the light ATen / c10 headers of tree_common.h
+// (a translation unit on torch/extension.h parsed ~25 s of headers, most of
+// the kernel's build time).
+#pragma once
+
+#include <ATen/core/Generator.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mlp_net.h"  // MZ_HAVE_MLP_SEARCH, kernel_has_fma
+#include "rules.h"    // Extra
+
+namespace tree_ops {
+
+// root_ops.cpp
+std::vector<at::Tensor> start_tree_arrays(const at::Tensor& policy_logits, const at::Tensor& legal,
+                                          const at::Tensor& value, int64_t N, double discount);
+at::Tensor mix_dirichlet_noise(const at::Tensor& children_prior, const at::Tensor& legal,
+                               double alpha, double fraction,
+                               std::optional<at::Generator> generator);
+std::vector<at::Tensor> visit_readout(const at::Tensor& visit_count, const at::Tensor& value_sum,
+                                      const at::Tensor& children_index, double temperature,
+                                      std::optional<at::Generator> generator);
+
+#ifdef MZ_HAVE_MLP_SEARCH
+
+// mlp_search.cpp
+std::vector<at::Tensor> mlp_recurrent(const std::vector<at::Tensor>& weights,
+                                      int64_t num_actions, double reward_eps, double value_eps,
+                                      const at::Tensor& latent, const at::Tensor& action,
+                                      bool baseline, bool fma);
+at::Tensor mlp_unroll(const std::vector<at::Tensor>& weights, int64_t num_actions,
+                      double reward_eps, double value_eps, const at::Tensor& latent,
+                      const at::Tensor& actions, bool fma);
+std::pair<std::vector<std::pair<int64_t, int64_t>>, int64_t> row_chunks_probe(int64_t B,
+                                                                              int64_t fail_at);
+void mlp_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
+                const at::Tensor& parent, const at::Tensor& action_from_parent,
+                const at::Tensor& children_index, const at::Tensor& children_prior,
+                const at::Tensor& children_reward, const at::Tensor& children_discount,
+                const at::Tensor& children_logits, const at::Tensor& raw_value,
+                const at::Tensor& min_q, const at::Tensor& max_q, const at::Tensor& root_legal,
+                const at::Tensor& embeddings, const std::vector<at::Tensor>& weights,
+                double reward_eps, double value_eps, const std::string& root_rule,
+                const std::vector<double>& root_params, const std::string& interior_rule,
+                const std::vector<double>& interior_params, const Extra& extra, bool fma);
+void mlp_search_puct(const at::Tensor& visit_count, const at::Tensor& value_sum,
+                     const at::Tensor& parent, const at::Tensor& action_from_parent,
+                     const at::Tensor& children_index, const at::Tensor& children_prior,
+                     const at::Tensor& children_reward, const at::Tensor& min_q,
+                     const at::Tensor& max_q, const at::Tensor& root_legal,
+                     const at::Tensor& embeddings, const std::vector<at::Tensor>& weights,
+                     double reward_eps, double value_eps, double pb_c_base, double pb_c_init,
+                     double discount);
+
+// stochastic_search.cpp
+std::vector<at::Tensor> stochastic_recurrent(const std::vector<at::Tensor>& weights,
+                                             double reward_eps, double value_eps,
+                                             const at::Tensor& latent, const at::Tensor& is_chance,
+                                             const at::Tensor& action, double discount,
+                                             bool baseline, bool fma);
+void stochastic_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
+                       const at::Tensor& parent, const at::Tensor& action_from_parent,
+                       const at::Tensor& children_index, const at::Tensor& children_prior,
+                       const at::Tensor& children_reward, const at::Tensor& children_discount,
+                       const at::Tensor& children_logits, const at::Tensor& raw_value,
+                       const at::Tensor& min_q, const at::Tensor& max_q,
+                       const at::Tensor& root_legal, const at::Tensor& latent,
+                       const at::Tensor& is_chance, const std::vector<at::Tensor>& weights,
+                       double reward_eps, double value_eps, double discount,
+                       const std::string& root_rule, const std::vector<double>& root_params,
+                       const std::string& interior_rule,
+                       const std::vector<double>& interior_params, const Extra& extra, bool fma);
+
+// ez_search.cpp
+std::vector<at::Tensor> ez_recurrent(const std::vector<at::Tensor>& weights, int64_t num_actions,
+                                     double reward_eps, double value_eps, double ln_eps,
+                                     int64_t horizon, const at::Tensor& latent,
+                                     const at::Tensor& h, const at::Tensor& c,
+                                     const at::Tensor& value_prefix, const at::Tensor& steps,
+                                     const at::Tensor& action, bool baseline, bool fma);
+void ez_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
+               const at::Tensor& parent, const at::Tensor& action_from_parent,
+               const at::Tensor& children_index, const at::Tensor& children_prior,
+               const at::Tensor& children_reward, const at::Tensor& children_discount,
+               const at::Tensor& children_logits, const at::Tensor& raw_value,
+               const at::Tensor& min_q, const at::Tensor& max_q, const at::Tensor& root_legal,
+               const at::Tensor& latent, const at::Tensor& lstm_h, const at::Tensor& lstm_c,
+               const at::Tensor& value_prefix, const at::Tensor& steps,
+               const std::vector<at::Tensor>& weights, double reward_eps, double value_eps,
+               double ln_eps, int64_t horizon, const std::string& root_rule,
+               const std::vector<double>& root_params, const std::string& interior_rule,
+               const std::vector<double>& interior_params, const Extra& extra, bool fma);
+
+// unizero_search.cpp
+std::vector<at::Tensor> unizero_recurrent(const std::vector<at::Tensor>& weights,
+                                          const std::vector<int64_t>& ints,
+                                          const std::vector<double>& floats,
+                                          const at::Tensor& latents, const at::Tensor& actions,
+                                          const at::Tensor& length,
+                                          const std::optional<at::Tensor>& kv,
+                                          const at::Tensor& action, bool baseline, bool fma);
+std::vector<at::Tensor> unizero_root(const std::vector<at::Tensor>& weights,
+                                     const std::vector<int64_t>& ints,
+                                     const std::vector<double>& floats, const at::Tensor& latents,
+                                     const at::Tensor& actions, const at::Tensor& length,
+                                     const std::optional<at::Tensor>& kv, bool baseline);
+std::vector<at::Tensor> unizero_root_window(const std::vector<at::Tensor>& weights,
+                                            const std::vector<int64_t>& ints,
+                                            const std::vector<double>& floats,
+                                            const at::Tensor& window, const at::Tensor& history,
+                                            bool cache);
+void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
+                    const at::Tensor& parent, const at::Tensor& action_from_parent,
+                    const at::Tensor& children_index, const at::Tensor& children_prior,
+                    const at::Tensor& children_reward, const at::Tensor& children_discount,
+                    const at::Tensor& children_logits, const at::Tensor& raw_value,
+                    const at::Tensor& min_q, const at::Tensor& max_q,
+                    const at::Tensor& root_legal, const at::Tensor& latents,
+                    const at::Tensor& actions, const at::Tensor& length,
+                    const std::optional<at::Tensor>& kv, const std::vector<at::Tensor>& weights,
+                    const std::vector<int64_t>& ints, const std::vector<double>& floats,
+                    const std::string& root_rule, const std::vector<double>& root_params,
+                    const std::string& interior_rule,
+                    const std::vector<double>& interior_params, const Extra& extra, bool fma);
+
+#endif  // MZ_HAVE_MLP_SEARCH
+
+}  // namespace tree_ops
