@@ -15,3 +15,5 @@ __all__ += ["EfficientZeroModel", "EfficientZeroMLPModel", "EfficientZeroResNetM
 from torchrl_muzero.modules.stochastic_resnet import StochasticMuZeroResNetModel; __all__ += ["StochasticMuZeroResNetModel"]  # noqa: E402, E702
 from torchrl_muzero.modules.rnn_full_obs import RNNFullObsMLPModel, RNNFullObsModel, RNNFullObsResNetModel  # noqa: E402
 __all__ += ["RNNFullObsModel", "RNNFullObsMLPModel", "RNNFullObsResNetModel"]
+from torchrl_muzero.modules.tanh_normal import TanhNormalPolicy  # noqa: E402
+__all__ += ["TanhNormalPolicy"]

@@ -87,6 +87,55 @@ class PolicyDistribution(ABC):
     def smooth_target(self, target: torch.Tensor, eps: float) -> torch.Tensor:
         """``target`` mixed with weight ``eps`` into the uniform policy (label smoothing)."""
 
+    def cross_entropy_at(self, candidates: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``[...]`` ``-sum_k target_k * log pi(a_k)`` over stored candidates: the sampled family's policy loss.
+
+        Args:
+            candidates: ``[..., S, *action_shape]`` the actions of a node's ``S``
+                slots (long ``[..., S]`` for a categorical, ``[..., S, D]`` for
+                a box).
+            target: ``[..., S]`` a distribution over the slots (e.g. the visit
+                distribution), summing to 1.
+
+        A slot whose target is 0 contributes exactly 0, even where
+        ``log pi(a_k)`` is ``-inf`` (a padding slot, an illegal action), and
+        passes no gradient: the product is masked with ``torch.where``, never
+        ``0 * -inf``.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl_muzero.modules.policy_distribution import CategoricalPolicy
+            >>> dist = CategoricalPolicy.from_logits(torch.tensor([[0.0, 0.0, -float("inf")]]))
+            >>> dist.cross_entropy_at(torch.tensor([[0, 2]]), torch.tensor([[1.0, 0.0]]))   # log 2
+            tensor([0.6931])
+        """
+        log_probs = self.log_prob(candidates)
+        if log_probs.shape != target.shape:
+            raise ValueError(
+                f"{type(self).__name__}.cross_entropy_at: log-probs of the candidates {tuple(log_probs.shape)} "
+                f"do not match target {tuple(target.shape)}."
+            )
+        # mask the log-prob (not only the product): 0 * -inf is NaN, in the value and in the gradient
+        zero = target == 0
+        log_probs = torch.where(zero, torch.zeros_like(log_probs), log_probs)
+        return -(target * log_probs).sum(-1)
+
+    def kl_at(self, candidates: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``[...]`` ``cross_entropy_at(candidates, target) - H(target)`` (``xlogy``: ``0 log 0 = 0``).
+
+        Same gradient as :meth:`cross_entropy_at`; it is 0 when ``pi`` over the
+        candidates, renormalised, equals the target and the candidates carry
+        all of ``pi``'s mass.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl_muzero.modules.policy_distribution import CategoricalPolicy
+            >>> dist = CategoricalPolicy.from_logits(torch.log(torch.tensor([[0.25, 0.75]])))
+            >>> dist.kl_at(torch.tensor([[1, 0]]), torch.tensor([[0.75, 0.25]])).abs() < 1e-6
+            tensor([True])
+        """
+        return self.cross_entropy_at(candidates, target) + torch.xlogy(target, target).sum(-1)
+
 
 class CategoricalPolicy(PolicyDistribution):
     """A softmax policy over ``A`` discrete actions, from ``logits [..., A]``.
