@@ -27,8 +27,7 @@ from torchrl_muzero.modules import MuZeroMLPModel
 from torchrl_muzero.trainers.config import ConfigError, EnvConfig
 
 REPO = Path(__file__).resolve().parents[1]
-REFUSAL = ("no algorithm supports continuous actions yet "
-           "(sampled_muzero, sampled_efficientzero and sampled_unizero will)")
+REFUSAL = "the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero"
 
 
 # -- spaces from specs ----------------------------------------------------------------------------
@@ -265,7 +264,9 @@ def test_policy_refuses_an_action_space_its_model_does_not_take():
 def test_algorithms_say_which_action_kinds_they_support():
     from torchrl_muzero.algorithms import algorithm_names, get_algorithm
 
-    assert all(get_algorithm(name).action_kinds == ("discrete",) for name in algorithm_names())
+    kinds = {name: get_algorithm(name).action_kinds for name in algorithm_names()}
+    assert {name for name, k in kinds.items() if "continuous" in k} == {"sampled_muzero", "sampled_efficientzero"}
+    assert all("discrete" in k for k in kinds.values())
     assert algorithms_for("continuous") == REFUSAL
     check_action_space("muzero", DiscreteActionSpace(2, one_hot=True))
 

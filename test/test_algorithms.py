@@ -28,6 +28,13 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "sota-implementations" / "muzero" / "config"
 ALGOS = algorithm_names()
 VARIANTS = [a for a in ALGOS if a != "muzero"]  # muzero's faults: test_trainers.py
+SAMPLED = {"sampled_muzero", "sampled_efficientzero"}
+
+
+def _keys(name: str) -> dict:
+    """``algo.name`` and what the algorithm needs on the tiny CartPole runs: a sampled one draws K = 2 of its
+    2 actions (its continuous path runs on Pendulum in the scripts' test)."""
+    return {"algo.name": name, **({"algo.num_samples": 2} if name in SAMPLED else {})}
 
 
 def _wait_no_descendants(timeout=15.0):
@@ -70,7 +77,7 @@ def test_script_lists_the_known_algorithms_for_an_unknown_one(tmp_path):
 @pytest.mark.parametrize("name", ALGOS)
 def test_pieces_build_from_the_config_and_one_update_runs(tmp_path, name):
     """Model, policy, buffer (targets, reanalyze through the algorithm's own search) and loss fit together."""
-    cfg = load_config(tiny_config(tmp_path, **{"algo.name": name, "buffer.reanalyze_ratio": 0.5}))
+    cfg = load_config(tiny_config(tmp_path, **_keys(name), **{"buffer.reanalyze_ratio": 0.5}))
     algo = get_algorithm(name)
     model = build_model(cfg, (4,), 2)
     policy = build_policy(cfg, model, None, generator=torch.Generator().manual_seed(0))
@@ -89,7 +96,7 @@ def test_pieces_build_from_the_config_and_one_update_runs(tmp_path, name):
     assert torch.allclose(td["search_policy"].sum(-1), torch.ones(T))
     buffer.extend(td)
     batch = buffer.sample(8, model=model, target_model=model, policy_version=0)
-    assert set(buffer.sample_keys) <= set(batch.keys())
+    assert set(buffer.sample_keys) <= set(batch.keys(True))
     loss = build_loss(cfg, model)
     out = loss(batch)
     total = sum(v for k, v in out.items() if k.startswith("loss_"))
@@ -105,7 +112,9 @@ TINY_ARGS = ["env.num_envs=4", "model.latent_dim=16", "model.hidden_dim=16", "mc
 
 
 def _script(name: str, algo: str, run_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, str(REPO / f"sota-implementations/muzero/{name}"), f"algo={algo}",
+    # the sampled family's point is continuous actions: its scripts run Pendulum (200-step episodes)
+    env = ["env=Pendulum", "algo.num_samples=4"] if algo in SAMPLED else []
+    return [sys.executable, str(REPO / f"sota-implementations/muzero/{name}"), f"algo={algo}", *env,
             f"run_dir={run_dir}", *TINY_ARGS, *args]
 
 
@@ -134,14 +143,14 @@ def test_both_scripts_run_the_algorithm_and_stop_cleanly(tmp_path, name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_async_resume_then_nan(tmp_path, name, monkeypatch):
-    first = AsyncTrainer(tiny_config(tmp_path, **{"algo.name": name, "async_pipeline.num_evaluator_actors": 0}))
+    first = AsyncTrainer(tiny_config(tmp_path, **_keys(name), **{"async_pipeline.num_evaluator_actors": 0}))
     summary = first.run()
     assert summary["status"] == "ok", summary
     done_iter = summary["train_iter"]
 
     # resume: counters and buffer continue; a NaN a few updates later stops with the last good checkpoint
-    resumed = AsyncTrainer(tiny_config(tmp_path, resume=str(tmp_path), **{
-        "algo.name": name, "train.total_env_steps": 10**6, "async_pipeline.num_evaluator_actors": 0}))
+    resumed = AsyncTrainer(tiny_config(tmp_path, resume=str(tmp_path), **_keys(name), **{
+        "train.total_env_steps": 10**6, "async_pipeline.num_evaluator_actors": 0}))
     assert resumed.learner.train_iter == done_iter and len(resumed.buffer) > 0
     poison_at = (done_iter // 10 + 2) * 10 + 3  # past the next two periodic checkpoints
     real_forward = resumed.learner.loss_module.forward
@@ -164,8 +173,8 @@ def test_async_resume_then_nan(tmp_path, name, monkeypatch):
 @pytest.mark.parametrize("name", VARIANTS)
 def test_async_dead_collector_stops_the_run(tmp_path, name):
     """A collector killed mid-run stops the run within seconds, naming it (alone under xdist: conftest.py)."""
-    trainer = AsyncTrainer(tiny_config(tmp_path / "dead", **{"algo.name": name, "train.total_env_steps": 10**6,
-                                                               "async_pipeline.num_evaluator_actors": 0}))
+    trainer = AsyncTrainer(tiny_config(tmp_path / "dead", **_keys(name), **{"train.total_env_steps": 10**6,
+                                                                           "async_pipeline.num_evaluator_actors": 0}))
     killed = kill_when_training(trainer, 5, lambda: trainer.collector.procs[0].pid)
     summary = trainer.run()
     assert killed, "the run never reached 5 updates"

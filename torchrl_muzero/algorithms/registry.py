@@ -23,7 +23,7 @@ __all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names", "algorit
 
 _REGISTRY: dict[str, "Algorithm"] = {}
 _MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context",
-            "muzero_rnn_full_obs", "unizero")
+            "muzero_rnn_full_obs", "unizero", "sampled_muzero", "sampled_efficientzero")
 _loaded = False
 
 
@@ -45,8 +45,10 @@ class _SpaceBuilder:
 
         space = as_action_space(actions)
         check_action_space(self._algo, space)
-        # today's builders take the number of discrete actions; an algorithm for boxes gets the space
-        model = self._builder(cfg, observation_shape, space.num_actions if space.is_discrete else space)
+        # the discrete-only algorithms' builders take the number of actions; one that supports boxes gets the
+        # space, whatever its kind
+        takes_space = any(kind != "discrete" for kind in self._algo.action_kinds)
+        model = self._builder(cfg, observation_shape, space if takes_space else space.num_actions)
         model.action_space = space
         return model
 
@@ -63,6 +65,10 @@ def _no_memory(cfg) -> None:
     return None
 
 
+def _no_entries(cfg, action_space) -> list:
+    return []
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """The builders of one algorithm of the family.
@@ -73,8 +79,8 @@ class Algorithm:
             model for the env's ``ActionSpace`` (an ``int`` ``n`` means
             ``DiscreteActionSpace(n)``), declaring it as ``model.action_space``.
             Registered as ``(cfg, observation_shape, num_actions) -> model``
-            (a box algorithm's builder gets the space itself); the registry
-            wraps it.
+            (the builder of an algorithm that supports boxes gets the space
+            itself, discrete or not); the registry wraps it.
         search_fn: the search, ``(model, observation, config, action_mask=,
             to_play=, add_noise=, generator=) -> SearchResult``.
         search_config: ``(cfg) -> config`` for ``search_fn`` (an
@@ -90,6 +96,12 @@ class Algorithm:
             (EfficientZero's off-policy correction; the per-step entries a
             variant stores beyond MuZero's, ``extra_entries=[ReplayEntry(...)]``,
             and the ``reanalyze_entries`` hook that refreshes them).
+        replay_entries: ``(cfg, action_space) -> list`` (``action_space``
+            ``None``: a discrete env) of the
+            :class:`~torchrl_muzero.data.ReplayEntry` s the algorithm stores
+            per step whose shape depends on the env's action space (the
+            sampled family: each root's candidate actions ``[K, *action]``
+            and their visits); added to ``buffer_kwargs``' ``extra_entries``.
         acting_memory: ``(cfg) -> ActingMemory | None``: what the policy
             carries per env between steps (``muzero_context``'s rolled latent,
             ``muzero_rnn_full_obs``'s GRU state;
@@ -123,6 +135,7 @@ class Algorithm:
     target_builders: Callable[[Any], list] = _no_targets
     needs_future_observations: Callable[[Any], bool] = _no_future
     buffer_kwargs: Callable[[Any], dict] = lambda cfg: {}
+    replay_entries: Callable[[Any, Any], list] = _no_entries
     acting_memory: Callable[[Any], Any] = _no_memory
     config_keys: tuple[str, ...] = field(default_factory=tuple)
     summary: str = ""
@@ -182,7 +195,7 @@ def get_algorithm(name: str) -> Algorithm:
 
 
 #: the algorithms planned for an action kind no registered algorithm supports yet (named in the refusal)
-_PLANNED = {"continuous": "sampled_muzero, sampled_efficientzero and sampled_unizero"}
+_PLANNED = {"continuous": "sampled_unizero"}
 
 
 def algorithms_for(kind: str) -> str:
@@ -191,7 +204,9 @@ def algorithms_for(kind: str) -> str:
     Examples:
         >>> from torchrl_muzero.algorithms.registry import algorithms_for
         >>> algorithms_for("continuous")
-        'no algorithm supports continuous actions yet (sampled_muzero, sampled_efficientzero and sampled_unizero will)'
+        'the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero'
+        >>> algorithms_for("multi-discrete")
+        'no algorithm supports multi-discrete actions yet'
         >>> algorithms_for("discrete")  # doctest: +ELLIPSIS
         'the algorithms that support discrete actions: muzero, efficientzero, ...'
     """
@@ -216,7 +231,7 @@ def check_action_space(algorithm: "Algorithm | str", space: Any, env: str = "the
         >>> check_action_space("muzero", BoxActionSpace(-2.0, 2.0, (1,)), "env.id='Pendulum-v1'")
         Traceback (most recent call last):
         ...
-        torchrl_muzero.trainers.config.ConfigError: config key 'algo.name' is 'muzero', which supports discrete actions only, but env.id='Pendulum-v1' has continuous actions (1 dim in [-2, 2]): no algorithm supports continuous actions yet (sampled_muzero, sampled_efficientzero and sampled_unizero will).
+        torchrl_muzero.trainers.config.ConfigError: config key 'algo.name' is 'muzero', which supports discrete actions only, but env.id='Pendulum-v1' has continuous actions (1 dim in [-2, 2]): the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero.
     """
     algo = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
     if space.kind in algo.action_kinds:

@@ -8,6 +8,7 @@ BOARD_GAMES = ("TicTacToe",)
 # env.kind == "game": single-player games implemented here, by env.id (torchrl_muzero/envs/game2048.py,
 # memory_len.py, gamble.py)
 GAMES = ("2048", "memory_len", "gamble")
+# env.kind == "dmc": DeepMind Control Suite tasks by '<domain>-<task>' (torchrl_muzero/envs/dmc.py, dm-control extra)
 
 
 def is_board_game(env_cfg) -> bool:
@@ -25,6 +26,10 @@ def check_env_id(env_id: str, kind: str | None = None) -> None:
         Traceback (most recent call last):
         ...
         ValueError: unknown env id 'CartPole-v9': gymnasium has no such environment. Similar ids: CartPole-v0, CartPole-v1.
+        >>> try:  # env.kind='dmc': a DeepMind Control task, if dm-control is installed
+        ...     check_env_id("cartpole-swingup", "dmc")
+        ... except ValueError as err:
+        ...     assert "pip install 'torchrl_muzero[dmc]'" in str(err)
     """
     if kind == "board":
         if env_id not in BOARD_GAMES:
@@ -33,6 +38,11 @@ def check_env_id(env_id: str, kind: str | None = None) -> None:
     if kind == "game":
         if env_id not in GAMES:
             raise ValueError(f"unknown game {env_id!r} for env.kind='game': the games are {', '.join(GAMES)}.")
+        return
+    if kind == "dmc":
+        from torchrl_muzero.envs.dmc import check_dmc_id  # imports dm_control only, not torchrl
+
+        check_dmc_id(env_id)
         return
     import gymnasium as gym
 

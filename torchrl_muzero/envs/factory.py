@@ -28,6 +28,10 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
     steps Pong fastest (docs/performance.md), more cores favour the others.
     A daemonic process (the evaluators) may not start env processes and
     always steps its games in-process.
+    DeepMind Control tasks (``env_cfg.kind == "dmc"``, ``env_cfg.id`` such
+    as ``"cartpole-swingup"``) get the state preprocessing of
+    :mod:`torchrl_muzero.envs.dmc` (one float32 observation vector, action
+    repeat ``env_cfg.action_repeat``), in-process.
     ``RewardSum`` tracks the episode return for logging.
 
     Examples:
@@ -73,8 +77,12 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
     elif env_cfg.kind == "gym":
         env = SerialEnv(n, functools.partial(_make_gym, env_cfg.id, env_cfg.max_episode_steps))
         env = TransformedEnv(env, RewardSum())
+    elif env_cfg.kind == "dmc":
+        from torchrl_muzero.envs.dmc import make_dmc_env
+
+        env = TransformedEnv(make_dmc_env(env_cfg, n), RewardSum())
     else:
-        raise ValueError(f"env.kind must be 'gym', 'atari', 'board' or 'game', got {env_cfg.kind!r}.")
+        raise ValueError(f"env.kind must be 'gym', 'atari', 'board', 'game' or 'dmc', got {env_cfg.kind!r}.")
     env.set_seed(seed)
     return env
 

@@ -60,7 +60,9 @@ class MCTSPolicy(TensorDictModuleBase):
         observation_key / action_key / action_mask_key / to_play_key: keys.
         search_fn: the search to run, with :func:`~torchrl_muzero.mcts.search`'s
             signature ``(model, observation, config, action_mask=, to_play=,
-            add_noise=, generator=) -> SearchResult`` (default: MuZero's).
+            add_noise=, generator=) -> SearchResult`` (default: MuZero's;
+            for a :class:`~torchrl_muzero.modules.sampled.SampledModel`,
+            :func:`~torchrl_muzero.mcts.sampled.sampled_search`).
             Each algorithm of :mod:`torchrl_muzero.algorithms` names its own,
             e.g. ``gumbel_search`` with a ``GumbelMCTSConfig``.
         memory: an :class:`~torchrl_muzero.mcts.acting_memory.ActingMemory`
@@ -104,6 +106,8 @@ class MCTSPolicy(TensorDictModuleBase):
     ) -> None:
         super().__init__()
         self.model = model
+        if search_fn is None and hasattr(model, "sample_node"):  # a sampled model: its nodes draw their actions
+            from torchrl_muzero.mcts.sampled import sampled_search as search_fn
         self.search_fn = search_fn if search_fn is not None else search
         self.config = config if config is not None else MCTSConfig()
         self.action_spec = action_spec
@@ -141,7 +145,7 @@ class MCTSPolicy(TensorDictModuleBase):
 
         action_mask = tensordict.get(self.action_mask_key, None)
         if action_mask is not None:
-            action_mask = action_mask.reshape(-1, self.model.num_actions)
+            action_mask = action_mask.reshape(-1, action_mask.shape[-1])  # a sampled model searches K slots of A actions
         to_play = tensordict.get(self.to_play_key, None)
         if to_play is not None:
             to_play = to_play.reshape(-1)

@@ -27,7 +27,6 @@ from typing import Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
-from torch.nn import functional as F
 
 from torchrl_muzero.modules.fused_spec import FusedSpec, StateLeaf
 from torchrl_muzero.modules.mlp import MuZeroMLPModel, fused_kernel_tensors
@@ -292,6 +291,8 @@ class EfficientZeroMLPModel(EfficientZeroModel, MuZeroMLPModel):
         lstm_hidden_size: LSTM units. Defaults to 64 (LightZero CartPole: 128).
         lstm_horizon_len: the LSTM state is reset every this many steps from
             the root, in training and search. Defaults to 5.
+        action_dim: ``None`` (discrete) or ``D`` (continuous actions ``[B, D]``):
+            as :class:`~torchrl_muzero.modules.MuZeroMLPModel`.
 
     Examples:
         >>> import torch
@@ -325,11 +326,12 @@ class EfficientZeroMLPModel(EfficientZeroModel, MuZeroMLPModel):
         zero_init_heads: bool = True,
         lstm_hidden_size: int = 64,
         lstm_horizon_len: int = 5,
+        action_dim: int | None = None,
     ) -> None:
         super().__init__(
             observation_shape, num_actions, latent_dim=latent_dim, hidden_dim=hidden_dim,
             value_support_size=value_support_size, reward_support_size=reward_support_size,
-            num_layers=num_layers, zero_init_heads=zero_init_heads,
+            num_layers=num_layers, zero_init_heads=zero_init_heads, action_dim=action_dim,
         )
         del self.reward_head
         self._build_value_prefix(
@@ -337,8 +339,8 @@ class EfficientZeroMLPModel(EfficientZeroModel, MuZeroMLPModel):
         )
 
     def transition(self, latent: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        action_one_hot = F.one_hot(action, self.num_actions).to(latent.dtype)
-        return scale_latent(self.dynamics_net(torch.cat([latent, action_one_hot], -1)))
+        action_input = self.encode_action(action, latent.dtype)  # one-hot, or continuous actions as they are
+        return scale_latent(self.dynamics_net(torch.cat([latent, action_input], -1)))
 
     def value_prefix_features(self, next_latent: torch.Tensor) -> torch.Tensor:
         return next_latent
@@ -392,6 +394,7 @@ class EfficientZeroMLPModel(EfficientZeroModel, MuZeroMLPModel):
             or head[0].weight is None
             or head[0].bias is None
             or tuple(head[0].normalized_shape) != (self.lstm_hidden_size,)
+            or self.action_dim is not None  # the kernel looks actions up as one-hot columns
         ):
             return None
         first, _, last = self.dynamics_net

@@ -47,6 +47,12 @@ class MuZeroMLPModel(MuZeroModel):
         num_layers: hidden layers per network.
         zero_init_heads: start value, reward and policy heads at zero output
             (uniform policy, zero value), which steadies early training.
+        action_dim: ``None`` (default): discrete actions, indices ``[B]``
+            that the dynamics one-hot encode. An integer ``D``: continuous
+            actions, float vectors ``[B, D]`` the dynamics take as they are
+            (a sampled model's box actions, :class:`~torchrl_muzero.modules.SampledModel`);
+            ``num_actions`` is then only the width of the policy head
+            (``2 * D``: a tanh-normal's location and scale).
 
     Examples:
         >>> import torch
@@ -75,12 +81,18 @@ class MuZeroMLPModel(MuZeroModel):
         reward_support_size: int = 10,
         num_layers: int = 1,
         zero_init_heads: bool = True,
+        action_dim: int | None = None,
     ) -> None:
         super().__init__(observation_shape, num_actions, value_support_size, reward_support_size)
+        if action_dim is not None and (isinstance(action_dim, bool) or not isinstance(action_dim, int)
+                                       or action_dim < 1):
+            raise ValueError(f"action_dim must be None (discrete actions) or an integer >= 1, got {action_dim!r}.")
         obs_dim = int(torch.Size(observation_shape).numel())
         self.latent_dim = latent_dim
+        self.action_dim = action_dim
         self.representation_net = _mlp(obs_dim, hidden_dim, latent_dim, num_layers)
-        self.dynamics_net = _mlp(latent_dim + num_actions, hidden_dim, latent_dim, num_layers)
+        action_width = num_actions if action_dim is None else action_dim
+        self.dynamics_net = _mlp(latent_dim + action_width, hidden_dim, latent_dim, num_layers)
         self.reward_head = _mlp(latent_dim, hidden_dim, self.reward_support.num_bins, num_layers)
         self.prediction_trunk = nn.Sequential(nn.Linear(latent_dim, hidden_dim), nn.ReLU())
         # policy and value share one output layer: one matmul instead of two per search step
@@ -93,9 +105,26 @@ class MuZeroMLPModel(MuZeroModel):
     def represent(self, observation: torch.Tensor) -> torch.Tensor:
         return scale_latent(self.representation_net(observation.flatten(1)))
 
+    def encode_action(self, action: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The dynamics' action input ``[B, width]``: the one-hot of indices ``[B]``, or (``action_dim``
+        set) the continuous actions ``[B, D]`` themselves."""
+        if self.action_dim is None:
+            return F.one_hot(action, self.num_actions).to(dtype)
+        return action.to(dtype).reshape(action.shape[0], self.action_dim)
+
+    def check_action(self, action: torch.Tensor, batch_size: int) -> None:
+        """Discrete: as :meth:`MuZeroModel.check_action`; continuous (``action_dim``): float ``[B, D]``."""
+        if self.action_dim is None:
+            return super().check_action(action, batch_size)
+        if action.shape != (batch_size, self.action_dim) or not action.dtype.is_floating_point:
+            raise ValueError(
+                f"{type(self).__name__} expects float actions of shape [{batch_size}, {self.action_dim}] "
+                f"(one per latent), got {tuple(action.shape)} of dtype {action.dtype}."
+            )
+
     def dynamics(self, latent: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        action_one_hot = F.one_hot(action, self.num_actions).to(latent.dtype)
-        next_latent = scale_latent(self.dynamics_net(torch.cat([latent, action_one_hot], -1)))
+        action_input = self.encode_action(action, latent.dtype)
+        next_latent = scale_latent(self.dynamics_net(torch.cat([latent, action_input], -1)))
         return next_latent, self.reward_head(next_latent)
 
     @torch.no_grad()
@@ -107,7 +136,7 @@ class MuZeroMLPModel(MuZeroModel):
         layers are called through ``F.linear`` to skip module-call overhead.
         Falls back to the generic path for deeper networks.
         """
-        if len(self.dynamics_net) != 3 or len(self.reward_head) != 3:
+        if len(self.dynamics_net) != 3 or len(self.reward_head) != 3 or self.action_dim is not None:
             return super().recurrent_inference_scalar(latent, action)
         first, _, last = self.dynamics_net
         w_latent = first.weight[:, : self.latent_dim]
@@ -148,6 +177,7 @@ class MuZeroMLPModel(MuZeroModel):
             or cls.decode_reward_and_value is not MuZeroModel.decode_reward_and_value
             or len(self.dynamics_net) != 3
             or len(self.reward_head) != 3
+            or self.action_dim is not None  # the kernel looks actions up as one-hot columns
         ):
             return None
         first, _, last = self.dynamics_net

@@ -201,7 +201,8 @@ class SampledProposal:
         if m:
             parts.append(widened.sample(m, generator=generator))
         candidates = torch.cat(parts, dim=-2)
-        if self.prior == "uniform":
+        if self.prior == "uniform" or (proposal is policy and m == 0):
+            # uniform; or beta = pi: log pi - log beta is exactly 0 per draw, no log-prob to compute
             return candidates, torch.zeros(candidates.shape[:-1], dtype=candidates.dtype, device=candidates.device)
         log_pi = policy.log_prob(candidates)
         if m == 0:
@@ -262,9 +263,17 @@ class SampledProposal:
             if k > num_actions:
                 index = torch.cat([index, index[:, :1].expand(rows, k - num_actions)], dim=-1)
             valid = torch.arange(k, device=index.device) < num_drawable.unsqueeze(-1)
+            covered = num_drawable <= k
+            if bool(covered.any()):
+                # a row that draws its whole drawable set gets it in action order: the set is not random, and
+                # then its slots are its actions (K = A, all legal: MuZero's tree, bit for bit)
+                ids = torch.arange(num_actions, device=index.device).expand(rows, num_actions)
+                in_order = torch.where(drawable.reshape(rows, num_actions), ids, num_actions).sort(-1).values
+                in_order = in_order[:, :k] if k <= num_actions else torch.cat(
+                    [in_order, in_order[:, :1].expand(rows, k - num_actions)], dim=-1)
+                index = torch.where(covered.unsqueeze(-1), in_order, index)
             # padding slots repeat the first draw: a legal action, never selected (slot logit -inf)
             index = torch.where(valid, index, index[:, :1])
-            covered = num_drawable <= k
         candidates = index.view(*policy.batch_shape, k)
         valid = valid.view(*policy.batch_shape, k)
         covered = covered.view(*policy.batch_shape, 1)
@@ -273,6 +282,7 @@ class SampledProposal:
         else:
             log_pi = policy.log_prob(candidates)
             log_beta = beta_log.gather(-1, candidates)
-            # the whole drawable set was drawn: not random, so pi itself (renormalised by the softmax)
-            slot_logits = torch.where(covered, log_pi, log_pi - log_beta)
+            # the whole drawable set was drawn: not random, so pi itself: the policy's own logits, whose softmax
+            # over the slots is pi renormalised, with MuZero's rounding
+            slot_logits = torch.where(covered, logits.gather(-1, candidates), log_pi - log_beta)
         return candidates, slot_logits.masked_fill(~valid, -math.inf)

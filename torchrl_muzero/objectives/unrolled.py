@@ -297,14 +297,7 @@ class UnrolledModelLoss(LossModule):
                 f"{name} needs at least one unroll step (K+1 >= 2 positions), got K+1 = {K1}."
             )
         A = model.num_actions
-
-        # one-hot [B, K1, A] (with A == 1: float / bool ones) or integer [B, K1, 1] -> [B, K1]
-        action = read_action_index(tensordict.get(keys.action), A, (B, K1), single="by_dtype", squeeze_floats=False)
-        if action.shape != (B, K1) or action.dtype.is_floating_point or action.dtype == torch.bool:
-            raise ValueError(
-                f"{name}: '{keys.action}' must be integer indices [B, K+1] = [{B}, {K1}] "
-                f"or one-hot [{B}, {K1}, {A}], got shape {tuple(action.shape)} of dtype {action.dtype}."
-            )
+        action = self._read_action(tensordict, B, K1)
 
         target_policy = tensordict.get(keys.target_policy)
         if target_policy.shape != (B, K1, A):
@@ -339,6 +332,25 @@ class UnrolledModelLoss(LossModule):
         if self.check_inputs:
             self._check_values(inputs)
         return inputs
+
+    def _read_action(self, tensordict: TensorDictBase, B: int, K1: int) -> torch.Tensor:
+        """The actions the unroll follows: ``[B, K+1]`` long indices here.
+
+        Why a hook: the dynamics take the env's actions, and only a variant
+        knows their form. The base reads discrete actions (one-hot
+        ``[B, K+1, A]``, or integer ``[B, K+1(, 1)]``); the sampled family
+        reads continuous actions ``[B, K+1, D]`` as they are
+        (:class:`~torchrl_muzero.objectives.sampled.SampledPolicyLoss`).
+        """
+        keys, name, A = self.tensor_keys, type(self).__name__, self.model.num_actions
+        # one-hot [B, K1, A] (with A == 1: float / bool ones) or integer [B, K1, 1] -> [B, K1]
+        action = read_action_index(tensordict.get(keys.action), A, (B, K1), single="by_dtype", squeeze_floats=False)
+        if action.shape != (B, K1) or action.dtype.is_floating_point or action.dtype == torch.bool:
+            raise ValueError(
+                f"{name}: '{keys.action}' must be integer indices [B, K+1] = [{B}, {K1}] "
+                f"or one-hot [{B}, {K1}, {A}], got shape {tuple(action.shape)} of dtype {action.dtype}."
+            )
+        return action
 
     def _per_position(self, tensordict: TensorDictBase, key: str, B: int, K1: int) -> torch.Tensor:
         """The ``[B, K+1]`` entry of key name ``key`` (a trailing singleton is dropped)."""
@@ -471,13 +483,23 @@ class UnrolledModelLoss(LossModule):
         )
         terms = {
             "value": LossTerm(self.model.value_support.cross_entropy(value_logits, target_value), mask),
-            "policy": LossTerm(self._policy_loss(policy_logits, target_policy), policy_mask),
+            "policy": LossTerm(self._policy_term(inputs, policy_logits, target_policy), policy_mask),
         }
         if self.consistency_loss_weight > 0:
             terms["consistency"] = LossTerm(
                 self._consistency(unrolled["latents"], inputs["observation"]), mask[:, 1:]
             )
         return terms
+
+    def _policy_term(self, inputs: dict[str, Any], policy_logits: torch.Tensor,
+                     target_policy: torch.Tensor) -> torch.Tensor:
+        """``[B, K+1]`` policy loss of the unrolled ``policy_logits`` against ``target_policy`` (masked to 0).
+
+        Why a hook: a target over the model's actions needs only the logits
+        (:meth:`_policy_loss`, the default); the sampled family's target is over
+        each root's stored candidate actions, which it reads from ``inputs``.
+        """
+        return self._policy_loss(policy_logits, target_policy)
 
     def _policy_loss(self, policy_logits: torch.Tensor, target_policy: torch.Tensor) -> torch.Tensor:
         """``[B, P, A]`` logits and targets -> ``[B, P]`` cross-entropy or KL (``policy_loss``)."""

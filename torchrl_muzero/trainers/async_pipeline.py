@@ -385,7 +385,7 @@ class AsyncTrainer(TrainerBase):
             self.collector = self._make_collector(sync, cfg_dict, seeds, control, action_spec, collector_device)
             self.stop_signals.check()  # a stop that came while the collector's workers started: no evaluator
             if ap.num_evaluator_actors > 0:
-                self.evaluators = EvaluatorPool(cfg_dict, self.observation_shape, self.num_actions,
+                self.evaluators = EvaluatorPool(cfg_dict, self.observation_shape, self.action_space,
                                                 ap.num_evaluator_actors, ap.max_eval_inflight)
 
     def _make_collector(self, sync: bool, cfg_dict: dict, seeds: list[int], control: SharedControl,
@@ -393,10 +393,10 @@ class AsyncTrainer(TrainerBase):
         cfg, ap = self.cfg, self.cfg.async_pipeline
         n_workers = ap.num_collector_actors
         return (MultiSyncCollector if sync else MultiAsyncCollector)(
-            [functools.partial(_make_worker_env, cfg_dict, seed, self.observation_shape, self.num_actions)
+            [functools.partial(_make_worker_env, cfg_dict, seed, self.observation_shape, self.action_space)
              for seed in seeds],
             policy_factory=[functools.partial(
-                _make_worker_policy, cfg_dict, self.observation_shape, self.num_actions, action_spec, control,
+                _make_worker_policy, cfg_dict, self.observation_shape, self.action_space, action_spec, control,
                 collector_device, seed,
             ) for seed in seeds],
             frames_per_batch=cfg.train.frames_per_batch * (n_workers if sync else 1),

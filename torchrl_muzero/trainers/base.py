@@ -9,7 +9,7 @@ import torch
 
 from torchrl_muzero.algorithms.registry import check_action_space
 from torchrl_muzero.durable_files import atomic_write_json
-from torchrl_muzero.envs import env_action_space, env_spaces, make_env
+from torchrl_muzero.envs import env_action_space, make_env
 from torchrl_muzero.trainers.bounded_call import call_within
 from torchrl_muzero.trainers.builders import build_buffer, build_model, resolve_device
 from torchrl_muzero.trainers.checkpoint import (
@@ -92,7 +92,9 @@ class TrainerBase:
         try:  # an action space the algorithm does not support stops the run here, in one line
             self.action_space = env_action_space(probe)  # what the model is built for, and declares
             check_action_space(cfg.algo.name, self.action_space, f"env.id={cfg.env.id!r}")
-            self.observation_shape, self.num_actions = env_spaces(probe)
+            self.observation_shape = tuple(probe.observation_spec["observation"].shape[len(probe.batch_size):])
+            # workers build their models from self.action_space; num_actions stays for discrete envs' readers
+            self.num_actions = self.action_space.num_actions if self.action_space.is_discrete else None
         finally:
             probe.close()
         reclaim_torch_threads(self.torch_threads)
@@ -101,7 +103,7 @@ class TrainerBase:
         except ValueError as err:  # e.g. a ResNet for vector observations
             raise ConfigError(f"config key 'model.kind' is {cfg.model.kind!r}, which does not fit env.id="
                               f"{cfg.env.id!r} (observations of shape {self.observation_shape}): {err}") from None
-        self.buffer = build_buffer(cfg)
+        self.buffer = build_buffer(cfg, action_space=self.action_space)
         self.learner = Learner(model, self.buffer, cfg, self.device)
         self.env_steps = 0
         self.episodes = 0

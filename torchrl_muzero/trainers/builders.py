@@ -107,12 +107,26 @@ def temperature_at(cfg: TrainConfig, progress: float) -> float:
     return cfg.mcts.temperature * float(cfg.train.temperature_schedule[-1][1])
 
 
-def build_buffer(cfg: TrainConfig, seed: int | None = None):
-    """The run's :class:`~torchrl_muzero.data.GameBuffer` (frames stored once for Atari stacks)."""
+def build_buffer(cfg: TrainConfig, seed: int | None = None, action_space: "ActionSpace | None" = None):
+    """The run's :class:`~torchrl_muzero.data.GameBuffer` (frames stored once for Atari stacks).
+
+    ``action_space``: the env's (``None``: discrete actions); a box space makes the
+    buffer store the float env actions, and shapes the algorithm's declared
+    entries (:attr:`Algorithm.replay_entries <torchrl_muzero.algorithms.Algorithm>`).
+    """
     from torchrl_muzero.data import GameBuffer, muzero_reanalyze
 
     b = cfg.buffer
     algo = algorithm(cfg)
+    # reanalyze re-runs the algorithm's own search (Gumbel: the improved policy); an algorithm's
+    # buffer_kwargs may bring its own (a sampled search and its entries hook)
+    kwargs = {"reanalyze_search": muzero_reanalyze(mcts_config(cfg), search=algo.search_fn)}
+    kwargs.update(algo.buffer_kwargs(cfg))
+    entries = list(algo.replay_entries(cfg, action_space))
+    if entries:
+        kwargs["extra_entries"] = [*kwargs.get("extra_entries", ()), *entries]
+    if action_space is not None and not action_space.is_discrete:
+        kwargs["action_space"] = action_space
     return GameBuffer(
         b.capacity,
         num_unroll_steps=b.num_unroll_steps,
@@ -127,9 +141,7 @@ def build_buffer(cfg: TrainConfig, seed: int | None = None):
         mcts_config=mcts_config(cfg),
         with_future_observations=algo.needs_future_observations(cfg),
         target_builders=algo.target_builders(cfg),
-        # reanalyze re-runs the algorithm's own search (Gumbel: the improved policy)
-        reanalyze_search=muzero_reanalyze(mcts_config(cfg), search=algo.search_fn),
-        **algo.buffer_kwargs(cfg),
+        **kwargs,
         seed=cfg.seed if seed is None else seed,
     )
 

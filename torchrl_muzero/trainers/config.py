@@ -28,6 +28,7 @@ class EnvConfig:
 
     name: str = "CartPole"
     kind: str = "gym"  # "gym" (vector observations), "atari", "board" (two-player: id TicTacToe), "game" (2048, memory_len, gamble)
+    # or "dmc" (DeepMind Control from state, id '<domain>-<task>', e.g. cartpole-swingup; the [dmc] extra)
     id: str = "CartPole-v1"
     num_envs: int = 8  # envs stepped together by one collector (B roots per search)
     # Atari: how one collector's games are batched: serial (in-process SerialEnv), parallel (ParallelEnv, one
@@ -50,6 +51,8 @@ class EnvConfig:
     # env.id == "gamble" (kind == "game"): what passing earns, and the bet's chance of a won coin
     safe_reward: float = 0.2
     win_probability: float = 0.5
+    # DeepMind Control (kind == "dmc"): physics control steps per agent step, rewards summed
+    action_repeat: int = 2
 
 
 @dataclass
@@ -61,7 +64,7 @@ class AlgoConfig:
     """
 
     name: str = "muzero"  # muzero | efficientzero | gumbel_muzero | stochastic_muzero | muzero_context
-    # | muzero_rnn_full_obs | unizero
+    # | muzero_rnn_full_obs | unizero | sampled_muzero | sampled_efficientzero
     # efficientzero: value-prefix LSTM, reset every lstm_horizon_len steps (training and search)
     lstm_horizon_len: int = 5
     lstm_hidden_size: int = 64
@@ -112,6 +115,15 @@ class AlgoConfig:
     policy_ls_eps_start: float = 0.0  # policy label smoothing, linear start -> end over the steps (0: off)
     policy_ls_eps_end: float = 0.01
     policy_ls_eps_decay_steps: int = 50_000
+    # sampled_muzero / sampled_efficientzero (Hubert et al. 2021): K actions drawn at each node, searched as slots
+    num_samples: int = 20  # K (LightZero's Pendulum configs: 20)
+    sampled_prior: str = "paper"  # paper: (beta_hat / beta) * pi over the slots | uniform: 1 / K (LightZero's)
+    proposal_temperature: float = 1.0  # beta = pi at this temperature (1: the policy itself)
+    sample_with_replacement: bool = False  # discrete actions: i.i.d. draws instead of K distinct legal actions
+    # EfficientZero V2's proposal: this share of the K draws from pi with its scale times widen_factor
+    widened_fraction: float = 0.0
+    widen_factor: float = 3.0
+    fixed_sigma: float = 0.0  # the tanh-normal's scale: 0 learned, > 0 fixed (LightZero's fixed_sigma_value: 0.3)
 
 
 @dataclass
@@ -281,11 +293,12 @@ class TrainConfig:
 
 
 _KNOWN_CHOICES = {
-    "env.kind": ("gym", "atari", "board", "game"),
+    "env.kind": ("gym", "atari", "board", "game", "dmc"),
     "env.pool": ("serial", "parallel", "async"),
     "model.kind": ("mlp", "resnet"),
     "algo.latent_loss": ("mse", "cos_sim", "group_kl"),
     "algo.policy_loss": ("cross_entropy", "kl"),
+    "algo.sampled_prior": ("paper", "uniform"),
     "mcts.backend": ("auto", "torch", "cpp"),
     "mcts.kernel_precision": ("exact", "fma"),
     "logger.backend": ("csv", "tensorboard", "wandb", "none"),

@@ -99,6 +99,7 @@ RANGES: dict[str, Range] = {
     "env.safe_reward": Range(-1.0, 1.0, lo_open=True, hi_open=True),
     "env.win_probability": Range(0.0, 1.0, lo_open=True, hi_open=True),
     "env.random_opening_moves": Range(0, 4),  # 5 plies can end a tic-tac-toe game
+    "env.action_repeat": COUNT,
     # algo
     "algo.lstm_horizon_len": COUNT,
     "algo.lstm_hidden_size": COUNT,
@@ -203,6 +204,13 @@ RANGES.update({  # unizero
     "algo.policy_ls_eps_start": Range(0.0, 1.0, hi_open=True),
     "algo.policy_ls_eps_end": Range(0.0, 1.0, hi_open=True),
     "algo.policy_ls_eps_decay_steps": COUNT,
+})
+RANGES.update({  # sampled_muzero / sampled_efficientzero
+    "algo.num_samples": COUNT,
+    "algo.proposal_temperature": POSITIVE,
+    "algo.widened_fraction": PROBABILITY,
+    "algo.widen_factor": Range(1.0),
+    "algo.fixed_sigma": Range(0, lo_open=True, off=(0, "learned")),
 })
 
 

@@ -222,7 +222,7 @@ class RayAsyncTrainer(AsyncTrainer):
         self.publish_s: list[float] = []
         self.evaluators = None
         if ap.num_evaluator_actors > 0:
-            self.evaluators = RayEvaluatorPool(ray, self._cfg_dict, self.observation_shape, self.num_actions,
+            self.evaluators = RayEvaluatorPool(ray, self._cfg_dict, self.observation_shape, self.action_space,
                                                ap.num_evaluator_actors, ap.max_eval_inflight,
                                                ap.evaluator_num_cpus, ap.evaluator_num_gpus,
                                                restart_dead=ap.restart_dead_actors,
@@ -240,7 +240,7 @@ class RayAsyncTrainer(AsyncTrainer):
         # a restarted actor gets a fresh seed: it must not replay the episodes of its predecessor
         seed = cfg.seed + 1000 * (slot + 1) + 100_003 * self.incarnation[slot]
         self.actors[slot] = self._remote.remote(self._cfg_dict, slot, seed, self.observation_shape,
-                                                self.num_actions, self._action_spec, device)
+                                                self.action_space, self._action_spec, device)
         self.actor_version[slot] = -1
 
     def _batches(self):
