@@ -197,3 +197,28 @@ def test_the_entropy_bonus_pushes_the_scale_up():
     out["loss_policy_entropy"].backward()
     scale_bias = model.base.prediction_head.bias.grad[1]  # the scale's pre-softplus output (D = 1)
     assert scale_bias < 0  # descending the loss raises the scale: more entropy
+
+
+def test_gumbel_over_the_sampled_candidates():
+    """EfficientZero V2's search: Gumbel noise and Sequential Halving over the K sampled root candidates; the
+    target is the improved policy over the slots, the action the halving winner (a candidate, in the box)."""
+    from torchrl_muzero.algorithms import get_algorithm
+    from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig
+    from torchrl_muzero.trainers.config import load_config
+
+    model = _box_model(K=8)
+    cfg = GumbelMCTSConfig(num_simulations=16, max_num_considered_actions=4)
+    obs = torch.randn(5, 3)
+    out = sampled_search(model, obs, cfg, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(out.search_policy.sum(-1), torch.ones(5))
+    assert out.visit_counts.sum(-1).eq(16).all()
+    assert int((out.visit_counts[0] > 0).sum()) <= 4  # only the considered candidates are searched at the root
+    assert bool((out.visit_counts.gather(1, out.action[:, None]) > 0).all())
+    again = sampled_search(model, obs, cfg, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again.action, out.action)
+    policy = MCTSPolicy(model, cfg, _PendulumLike.spec, generator=torch.Generator().manual_seed(0))
+    td = policy(TensorDict({"observation": obs}, [5]))
+    assert bool((td["action"].abs() < 2.0).all()) and td["action"].shape == (5, 1)
+    # through the registry: algo.sampled_search=gumbel gives this search config
+    run = load_config({"algo": {"name": "sampled_muzero", "sampled_search": "gumbel", "max_num_considered_actions": 4}})
+    assert isinstance(get_algorithm("sampled_muzero").search_config(run), GumbelMCTSConfig)

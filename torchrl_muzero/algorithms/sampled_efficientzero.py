@@ -7,10 +7,11 @@ has the sampling's keys and why).
 """
 from __future__ import annotations
 
-from torchrl_muzero.algorithms.muzero import loss_kwargs, muzero_search_config
+from torchrl_muzero.algorithms.muzero import loss_kwargs
 from torchrl_muzero.algorithms.registry import Algorithm, register
 from torchrl_muzero.algorithms.sampled_muzero import (SAMPLED_KEYS, sampled_buffer_kwargs, sampled_model,
-                                                      sampled_replay_entries, sampled_search_fn)
+                                                      sampled_replay_entries, sampled_search_config,
+                                                      sampled_search_fn)
 
 __all__ = ["SAMPLED_EFFICIENTZERO"]
 
@@ -40,7 +41,7 @@ SAMPLED_EFFICIENTZERO = register(
         name="sampled_efficientzero",
         build_model=_model,
         search_fn=sampled_search_fn,
-        search_config=muzero_search_config,
+        search_config=sampled_search_config,
         build_loss=_loss,
         target_builders=_targets,
         needs_future_observations=lambda cfg: cfg.loss.consistency_loss_weight > 0,

@@ -14,15 +14,16 @@ over them (declared replay entries); the policy learns
 """
 from __future__ import annotations
 
-from torchrl_muzero.algorithms.muzero import loss_kwargs, mlp_kwargs, muzero_search_config
+from torchrl_muzero.algorithms.muzero import loss_kwargs, mcts_kwargs, mlp_kwargs, muzero_search_config
 from torchrl_muzero.algorithms.registry import Algorithm, register
 
 __all__ = ["SAMPLED_KEYS", "SAMPLED_MUZERO", "sampled_buffer_kwargs", "sampled_model", "sampled_proposal",
-           "sampled_replay_entries", "sampled_search_fn"]
+           "sampled_replay_entries", "sampled_search_config", "sampled_search_fn"]
 
 #: the ``algo.*`` keys every sampled algorithm reads
 SAMPLED_KEYS = ("num_samples", "sampled_prior", "proposal_temperature", "sample_with_replacement",
-                "widened_fraction", "widen_factor", "fixed_sigma", "policy_entropy_weight", "policy_loss")
+                "widened_fraction", "widen_factor", "fixed_sigma", "policy_entropy_weight", "policy_loss",
+                "sampled_search", "max_num_considered_actions", "gumbel_scale", "value_scale", "maxvisit_init")
 
 
 def sampled_proposal(cfg):
@@ -81,6 +82,20 @@ def _loss(cfg, model):
                              policy_entropy_loss_weight=cfg.algo.policy_entropy_weight, **loss_kwargs(cfg))
 
 
+def sampled_search_config(cfg):
+    """``mcts.*`` as an :class:`~torchrl_muzero.mcts.MCTSConfig` (``algo.sampled_search=puct``) or, for
+    ``gumbel``, a :class:`~torchrl_muzero.mcts.gumbel.GumbelMCTSConfig` with the ``algo.*`` Gumbel keys
+    (no Dirichlet noise: the Gumbel draw explores)."""
+    if cfg.algo.sampled_search != "gumbel":
+        return muzero_search_config(cfg)
+    from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig
+
+    a = cfg.algo
+    return GumbelMCTSConfig(**{**mcts_kwargs(cfg), "dirichlet_fraction": 0.0},
+                            max_num_considered_actions=a.max_num_considered_actions, gumbel_scale=a.gumbel_scale,
+                            value_scale=a.value_scale, maxvisit_init=a.maxvisit_init)
+
+
 def sampled_search_fn(*args, **kwargs):
     """:func:`torchrl_muzero.mcts.sampled.sampled_search`, imported on first use."""
     from torchrl_muzero.mcts.sampled import sampled_search
@@ -109,7 +124,7 @@ def sampled_buffer_kwargs(cfg) -> dict:
     replaced with the ones its new target is over."""
     from torchrl_muzero.mcts.sampled import SampledReanalysis
 
-    reanalysis = SampledReanalysis(muzero_search_config(cfg))
+    reanalysis = SampledReanalysis(sampled_search_config(cfg))
     return {"reanalyze_search": reanalysis.search, "reanalyze_entries": reanalysis.hook}
 
 
@@ -118,7 +133,7 @@ SAMPLED_MUZERO = register(
         name="sampled_muzero",
         build_model=_model,
         search_fn=sampled_search_fn,
-        search_config=muzero_search_config,
+        search_config=sampled_search_config,
         build_loss=_loss,
         buffer_kwargs=sampled_buffer_kwargs,
         replay_entries=sampled_replay_entries,

@@ -8,7 +8,9 @@ prior over a node's slots is the proposal's (the paper's
 ``(beta_hat / beta) * pi`` or uniform), and the rest is
 :func:`~torchrl_muzero.mcts.search.muzero_search`: Dirichlet noise mixed into
 the root's slot prior (the prior the pUCT score reads), pUCT, visit counts
-over the slots. The result's ``action`` is a root *slot*;
+over the slots. With a :class:`~torchrl_muzero.mcts.gumbel.GumbelMCTSConfig`
+the rest is Gumbel MuZero's policy instead (EfficientZero V2's search of its
+sampled candidates: Gumbel noise, Sequential Halving, the improved policy). The result's ``action`` is a root *slot*;
 :class:`~torchrl_muzero.mcts.MCTSPolicy` hands the env that slot's action and
 stores the root's candidates and visits.
 
@@ -24,6 +26,7 @@ import torch
 from tensordict import TensorDict
 
 from torchrl_muzero.mcts.config import MCTSConfig
+from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig, gumbel_muzero_search
 from torchrl_muzero.mcts.loop import slot_candidates
 from torchrl_muzero.mcts.search import SearchResult, muzero_search, search_observations
 from torchrl_muzero.modules.step import ModelStep
@@ -45,12 +48,17 @@ def sampled_root_search(
     generator: torch.Generator | None = None,
 ) -> SearchResult:
     """Draw the root's ``K`` candidates (legal ones only, from ``action_mask [B, A]`` over the env's
-    actions), then MuZero's policy over the slots; ``action`` is the chosen slot.
+    actions), then MuZero's policy over the slots (a :class:`~torchrl_muzero.mcts.gumbel.GumbelMCTSConfig`:
+    Gumbel MuZero's, as EfficientZero V2 searches its sampled candidates); ``action`` is the chosen slot.
 
     The slots a discrete root pads (fewer legal actions than ``K``) are masked
     for the noise and never selected (their logit is ``-inf``)."""
     node = model.sample_node(root, generator=generator, legal=action_mask)
     slot_legal = node.policy_logits > -torch.inf
+    if isinstance(config, GumbelMCTSConfig):
+        # EfficientZero V2's search: Gumbel noise and Sequential Halving over the K sampled root candidates,
+        # the improved policy over the slots as the target
+        return gumbel_muzero_search(model, node, config, slot_legal, two_player, add_noise, generator)
     return muzero_search(model, node, config, slot_legal, two_player, add_noise, generator)
 
 

@@ -124,6 +124,9 @@ class AlgoConfig:
     widened_fraction: float = 0.0
     widen_factor: float = 3.0
     fixed_sigma: float = 0.0  # the tanh-normal's scale: 0 learned, > 0 fixed (LightZero's fixed_sigma_value: 0.3)
+    # puct: MuZero's search over the K slots; gumbel: EfficientZero V2's (Gumbel noise, Sequential Halving over
+    # the sampled root candidates, the improved policy as target; the gumbel_muzero keys above apply)
+    sampled_search: str = "puct"
 
 
 @dataclass
@@ -299,6 +302,7 @@ _KNOWN_CHOICES = {
     "algo.latent_loss": ("mse", "cos_sim", "group_kl"),
     "algo.policy_loss": ("cross_entropy", "kl"),
     "algo.sampled_prior": ("paper", "uniform"),
+    "algo.sampled_search": ("puct", "gumbel"),
     "mcts.backend": ("auto", "torch", "cpp"),
     "mcts.kernel_precision": ("exact", "fma"),
     "logger.backend": ("csv", "tensorboard", "wandb", "none"),
