@@ -6,8 +6,8 @@ __all__ = ["BOARD_GAMES", "GAMES", "is_board_game", "check_env_id"]
 # env.kind == "board": two-player board games, by env.id (torchrl_muzero/envs/tictactoe.py)
 BOARD_GAMES = ("TicTacToe",)
 # env.kind == "game": single-player games implemented here, by env.id (torchrl_muzero/envs/game2048.py,
-# memory_len.py, gamble.py)
-GAMES = ("2048", "memory_len", "gamble")
+# memory_len.py, gamble.py, reach.py)
+GAMES = ("2048", "memory_len", "gamble", "reach")
 # env.kind == "dmc": DeepMind Control Suite tasks by '<domain>-<task>' (torchrl_muzero/envs/dmc.py, dm-control extra)
 
 

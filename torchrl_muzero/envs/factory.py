@@ -61,6 +61,10 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
 
         return make_gamble_env(n, safe_reward=env_cfg.safe_reward, win_probability=env_cfg.win_probability,
                                seed=seed)
+    if env_cfg.kind == "game" and env_cfg.id == "reach":  # a 1-D continuous reach (the sampled family's smallest)
+        from torchrl_muzero.envs.reach import make_reach_env
+
+        return make_reach_env(n, seed=seed)
     if env_cfg.kind == "game":  # 2048: batched in torch, chance outcomes drawn from its own seeded generator
         from torchrl_muzero.envs.game2048 import make_game2048_env
 
