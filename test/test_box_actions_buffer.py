@@ -200,8 +200,14 @@ def test_float_actions_into_a_discrete_buffer_fail_as_before():
 def test_a_discrete_space_checks_the_number_of_actions():
     rollout = _box_rollout()
     rollout["action"] = torch.zeros(2, 6, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"^rollout search_policy has 3 actions, the buffer's action space 4\.$"):
+    # the space's count decodes and checks the actions (the search policy may be over fewer slots: a sampled
+    # model searches K of its A actions)
+    rollout["action"] = torch.full((2, 6), 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^rollout actions must lie in \[0, 4\), got \[4, 4\]\.$"):
         GameBuffer(64, action_space=4).extend(rollout)
+    rollout["action"] = torch.full((2, 6), 3, dtype=torch.long)
+    assert GameBuffer(64, action_space=4).extend(rollout) == 12
+    rollout["action"] = torch.zeros(2, 6, dtype=torch.long)
     buffer = GameBuffer(64, action_space=DiscreteActionSpace(S, one_hot=True))
     assert buffer.extend(rollout) == 12
     assert "action_dim" not in buffer.state_dict()["shapes"]  # a discrete buffer saves what it saved before

@@ -35,3 +35,23 @@ def test_the_sampled_family_learns_a_continuous_reach(tmp_path, algo):
     assert len(returns) >= 4 and all(math.isfinite(r) for r in returns)
     # the best policy that ignores the target scores -6; random play ~-17
     assert max(returns[-3:]) > -4.5, returns
+
+
+def test_a_board_game_with_fewer_samples_than_actions_end_to_end(tmp_path):
+    """TicTacToe (9 actions, illegal ones masked, two players) searched over K = 4 drawn legal actions: the run
+    trains, and every stored step's action is one of its root's candidates and was legal there."""
+    cfg = compose_config(str(CONFIG_DIR), ["env=TicTacToe", "algo=sampled_muzero", "algo.num_samples=4",
+                                           f"run_dir={tmp_path / 'ttt'}", "train.total_env_steps=512",
+                                           "train.train_start_after_envsteps=128", "train.frames_per_batch=64",
+                                           "optim.batch_size=32", "mcts.num_simulations=8",
+                                           "logger.progress_bar=false"])
+    trainer = SyncTrainer(cfg)
+    summary = trainer.run()
+    assert summary["status"] == "ok" and summary["train_iter"] > 0, summary
+    rows = trainer.buffer[torch.arange(len(trainer.buffer))]
+    step = rows["search_policy"].sum(-1) > 0  # rows where a search ran (not an episode's last observation)
+    action, candidates = rows["action"][step], rows["root", "candidates"][step]
+    legal = rows["action_mask"][step]
+    assert candidates.shape[-1] == 4 and bool((candidates >= 0).all() and (candidates < 9).all())
+    assert bool((candidates == action[:, None]).any(-1).all())
+    assert bool(legal[torch.arange(len(action)), action].all())

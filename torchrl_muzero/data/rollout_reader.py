@@ -118,10 +118,11 @@ def read_rollout(rollout: TensorDictBase, observation_key: Any, device: torch.de
     sp = out["search_policy"]
     if sp.ndim != 2:
         raise ValueError(f"rollout entry 'search_policy' must be [..., num_actions], got {tuple(sp.shape)} after flattening.")
+    # the search_policy is over the search's slots; a discrete action space's own count decodes the actions
+    # (a sampled model searches K of its A actions: the two differ)
     num_actions = sp.shape[1]
-    if action_space is not None and action_space.is_discrete and action_space.num_actions != num_actions:
-        raise ValueError(f"rollout search_policy has {num_actions} actions, the buffer's action space "
-                         f"{action_space.num_actions}.")
+    if action_space is not None and action_space.is_discrete:
+        num_actions = action_space.num_actions
     action = out["action"]
     box = action_space is not None and not action_space.is_discrete
     # one-hot [m, A] (A > 1; any dtype) or [m, 1] indices -> [m]; other shapes are _scalar_column's error
@@ -223,14 +224,21 @@ class RowSpec:
     entries: tuple[ReplayEntry, ...] = ()
     #: ``D`` of a box action space (actions stored as float32 ``[D]``); None: discrete indices
     action_dim: int | None = None
+    #: the width of ``action_mask`` (the env's actions) when it is not ``num_actions`` (the search's slots:
+    #: a sampled model searches K of its A actions); None: the same
+    mask_width: int | None = None
 
     @classmethod
     def of(cls, data: dict, frames: FrameStack, entries: tuple[ReplayEntry, ...] = (),
            action_dim: int | None = None) -> "RowSpec":
         """The spec of a rollout read by :func:`read_rollout` (``action_dim``: ``D`` of a box action space)."""
         obs_shape = torch.Size(data["obs"].shape[1:])
+        num_actions = int(data["search_policy"].shape[1])
+        mask = data["action_mask"]
+        mask_width = None if mask is None or int(mask.shape[-1]) == num_actions else int(mask.shape[-1])
         return cls(
-            num_actions=int(data["search_policy"].shape[1]),
+            num_actions=num_actions,
+            mask_width=mask_width,
             obs_shape=obs_shape,
             frame_shape=frames.frame_shape(obs_shape),
             obs_dtype=data["obs"].dtype,
@@ -268,6 +276,8 @@ class RowSpec:
         }
         if self.action_dim is not None:  # only then: a discrete buffer writes the state it wrote before boxes
             state["action_dim"] = self.action_dim
+        if self.mask_width is not None:  # likewise: only a sampled model's buffer has masks wider than its slots
+            state["mask_width"] = self.mask_width
         return state
 
     @staticmethod
@@ -294,6 +304,7 @@ class RowSpec:
             has_to_play=bool(state["has_to_play"]),
             entries=tuple(entries),
             action_dim=None if state.get("action_dim") is None else int(state["action_dim"]),
+            mask_width=None if state.get("mask_width") is None else int(state["mask_width"]),
         )
 
     # ------------------------------------------------------------- payloads
@@ -309,7 +320,7 @@ class RowSpec:
             "policy_version": torch.full((n,), -1, dtype=torch.int64),
         }
         if self.has_action_mask:
-            fields["action_mask"] = torch.ones(n, a, dtype=torch.bool)
+            fields["action_mask"] = torch.ones(n, a if self.mask_width is None else self.mask_width, dtype=torch.bool)
         if self.has_to_play:
             fields["to_play"] = torch.zeros(n, dtype=torch.int64)
         for entry in self.entries:  # last-observation rows keep the default: no search ran there

@@ -29,6 +29,7 @@ def muzero_player(model, mcts_config, search_fn=None):
     ``search_fn``: the algorithm's search (default MuZero's ``mcts.search``).
     """
     from torchrl_muzero.mcts import search
+    from torchrl_muzero.mcts.loop import root_env_actions
 
     search = search_fn or search
 
@@ -41,7 +42,7 @@ def muzero_player(model, mcts_config, search_fn=None):
                                 to_play=to_play, add_noise=False)
         finally:
             model.train(was_training)
-        return result.action.cpu()
+        return root_env_actions(model, result.tree, result.action).cpu()  # a cell, never a sampled slot id
 
     return act
 

@@ -46,7 +46,7 @@ from torchrl_muzero.modules.policy_distribution import CategoricalPolicy
 from torchrl_muzero.modules.step import ModelStep
 
 __all__ = ["start_tree", "run_search", "cpp_rules_supported", "CandidateActions", "StepFn", "SlotActionsFn",
-           "step_with_generator", "takes_generator", "slot_actions_of", "slot_candidates"]
+           "step_with_generator", "takes_generator", "slot_actions_of", "slot_candidates", "root_env_actions"]
 
 
 class StepFn(Protocol):
@@ -143,6 +143,27 @@ def slot_actions_of(model) -> SlotActionsFn | None:
         True
     """
     return getattr(model, "slot_actions", None)
+
+
+def root_env_actions(model, tree: Tree, slots: torch.Tensor) -> torch.Tensor:
+    """The env actions of the chosen root ``slots [B]`` of a finished search ``tree``: the slots themselves for
+    a model whose slots are its actions, else its ``slot_actions`` of the roots' states (a sampled model's
+    candidates). What any code that plays a search's ``action`` in an env must hand it.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_muzero.mcts import MCTSConfig, search
+        >>> from torchrl_muzero.mcts.loop import root_env_actions
+        >>> from torchrl_muzero.modules import MuZeroMLPModel
+        >>> model = MuZeroMLPModel((4,), 2, latent_dim=8, hidden_dim=8)
+        >>> out = search(model, torch.randn(3, 4), MCTSConfig(num_simulations=4))
+        >>> torch.equal(root_env_actions(model, out.tree, out.action), out.action)
+        True
+    """
+    slot_actions = slot_actions_of(model)
+    if slot_actions is None:
+        return slots
+    return slot_actions(tree.embeddings[:, 0], slots)
 
 
 def slot_candidates(slot_actions: SlotActionsFn, states, num_slots: int) -> torch.Tensor:

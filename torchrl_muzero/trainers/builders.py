@@ -125,7 +125,10 @@ def build_buffer(cfg: TrainConfig, seed: int | None = None, action_space: "Actio
     entries = list(algo.replay_entries(cfg, action_space))
     if entries:
         kwargs["extra_entries"] = [*kwargs.get("extra_entries", ()), *entries]
-    if action_space is not None and not action_space.is_discrete:
+    # a box: the float env actions; an algorithm that may search fewer slots than the env's discrete actions
+    # (the sampled family): the env's action count decodes the stored actions
+    if action_space is not None and (not action_space.is_discrete
+                                     or any(kind != "discrete" for kind in algo.action_kinds)):
         kwargs["action_space"] = action_space
     return GameBuffer(
         b.capacity,
