@@ -25,6 +25,7 @@ from pipeline_utils import kill_when_training, processes_with_marker, record_bat
 from torchrl_muzero.trainers import AsyncTrainer  # noqa: E402
 from torchrl_muzero.trainers.checkpoint import load_checkpoint  # noqa: E402
 from torchrl_muzero.algorithms import algorithm_names  # noqa: E402
+from torchrl_muzero.envs.action_spaces import BoxActionSpace  # noqa: E402
 from torchrl_muzero.trainers.async_pipeline import action_spec_of  # noqa: E402
 from torchrl_muzero.trainers.builders import build_model  # noqa: E402
 from torchrl_muzero.trainers.config import config_to_dict, load_config  # noqa: E402
@@ -108,11 +109,15 @@ def test_loopback_variables_are_set_for_a_runs_own_instance_not_for_a_cluster(mo
 def test_every_algorithm_collects_in_a_collector_actor(tmp_path, name):
     """What a Ray collector actor runs, in this process: packed learner weights loaded at the boundary, one collect."""
     # built in this (the test's) process: it must not lower its priority or take its threads
+    # the sampled family collects its point, a continuous env (its workers build the model from the env's space)
+    sampled = name.startswith("sampled_")
+    env = {"env.id": "Pendulum-v1", "env.name": "Pendulum", "algo.num_samples": 4} if sampled else {}
+    obs_shape, space = ((3,), BoxActionSpace(-2.0, 2.0, (1,))) if sampled else ((4,), 2)
     cfg = load_config(tiny_config(tmp_path, **{"algo.name": name, "train.frames_per_batch": 16,
                                                "async_pipeline.actor_niceness": 0,
-                                               "async_pipeline.collector_num_cpus": torch.get_num_threads()}))
-    learner_model = build_model(cfg, (4,), 2)
-    actor = CollectorActor(config_to_dict(cfg), 0, 1, (4,), 2, action_spec_of(cfg))
+                                               "async_pipeline.collector_num_cpus": torch.get_num_threads(), **env}))
+    learner_model = build_model(cfg, obs_shape, space)
+    actor = CollectorActor(config_to_dict(cfg), 0, 1, obs_shape, space, action_spec_of(cfg))
     try:
         batch = actor.collect(WeightPacker(learner_model).pack(learner_model), 3, 1.0)
     finally:

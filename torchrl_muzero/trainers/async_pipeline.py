@@ -202,7 +202,7 @@ class _ControlledPolicy(TensorDictModuleBase):
         return out
 
 
-def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, action_spec, control: SharedControl,
+def _make_worker_policy(cfg_dict: dict, observation_shape, action_space, action_spec, control: SharedControl,
                         device: str, seed: int):
     """Runs in each collector worker (``policy_factory``): a fresh model the scheme fills with weights.
 
@@ -213,7 +213,7 @@ def _make_worker_policy(cfg_dict: dict, observation_shape, num_actions: int, act
     yield_to_learner(cfg.async_pipeline.actor_niceness)
     freeze_heap_at_exit()  # the worker ends in ~0.2 s, not ~1 s, at the shutdown (quick_exit.py)
     torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
-    model = build_model(cfg, observation_shape, num_actions).to(device).eval()
+    model = build_model(cfg, observation_shape, action_space).to(device).eval()
     policy = build_policy(cfg, model, action_spec, generator=actor_generator(seed, device))
     locked = LockedPolicy(_ControlledPolicy(policy, control), weights_module=model)
     ap = cfg.async_pipeline
@@ -281,7 +281,7 @@ def action_spec_of(cfg):
     return action_spec
 
 
-def _make_worker_env(cfg_dict: dict, seed: int, observation_shape, num_actions: int):
+def _make_worker_env(cfg_dict: dict, seed: int, observation_shape, action_space):
     """Runs in each collector worker: the env, with the primer of the policy's acting memory if it has one."""
     cfg = load_config(cfg_dict)
     env = make_env(cfg.env, seed=seed)
@@ -289,7 +289,7 @@ def _make_worker_env(cfg_dict: dict, seed: int, observation_shape, num_actions: 
     if memory is None:
         return env
     # the primer's shapes come from the model (the latent's); this throwaway copy only answers them
-    return TransformedEnv(env, memory.make_tensordict_primer(build_model(cfg, observation_shape, num_actions)),
+    return TransformedEnv(env, memory.make_tensordict_primer(build_model(cfg, observation_shape, action_space)),
                           auto_unwrap=False)
 
 

@@ -44,7 +44,7 @@ class EvalResult:
         return sum(self.returns) / max(len(self.returns), 1)
 
 
-def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results, parent_pid, index, stop):
+def _evaluator_main(cfg_dict, observation_shape, action_space, requests, results, parent_pid, index, stop):
     yield_to_learner(int(cfg_dict["async_pipeline"]["actor_niceness"]))
     freeze_heap_at_exit()  # the evaluator ends in ~0.2 s, not ~1 s, at the shutdown (quick_exit.py)
     num_threads = max(1, int(cfg_dict["async_pipeline"]["evaluator_num_cpus"]))
@@ -57,7 +57,7 @@ def _evaluator_main(cfg_dict, observation_shape, num_actions, requests, results,
         from torchrl_muzero.trainers.evaluation import EvaluationCancelled, evaluate_with_stats
 
         cfg = load_config(cfg_dict)
-        model = build_model(cfg, observation_shape, num_actions).to(device).eval()
+        model = build_model(cfg, observation_shape, action_space).to(device).eval()
         env = make_env(cfg.env, num_envs=cfg.eval.num_episodes, seed=cfg.seed + 10_000 + index, training=False)
         sims = cfg.eval.num_simulations or cfg.mcts.num_simulations
         mcts = mcts_config(cfg, temperature=0.0, num_simulations=sims)
@@ -100,7 +100,7 @@ class EvaluatorPool:
         >>> pool.shutdown()  # doctest: +SKIP
     """
 
-    def __init__(self, cfg_dict: dict, observation_shape, num_actions: int, num_evaluators: int = 1,
+    def __init__(self, cfg_dict: dict, observation_shape, action_space, num_evaluators: int = 1,
                  max_inflight: int = 1) -> None:
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
@@ -114,7 +114,7 @@ class EvaluatorPool:
         for i in range(num_evaluators):
             q = ctx.Queue()
             p = ctx.Process(target=_evaluator_main, name=f"muzero-evaluator-{i}",
-                            args=(cfg_dict, observation_shape, num_actions, q, self.results, os.getpid(), i, self.stop),
+                            args=(cfg_dict, observation_shape, action_space, q, self.results, os.getpid(), i, self.stop),
                             daemon=True)
             p.start()
             self.requests.append(q)

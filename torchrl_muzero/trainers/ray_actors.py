@@ -107,7 +107,7 @@ class CollectorActor:
         >>> actor.close()
     """
 
-    def __init__(self, cfg_dict: dict, index: int, seed: int, observation_shape, num_actions: int, action_spec,
+    def __init__(self, cfg_dict: dict, index: int, seed: int, observation_shape, action_space, action_spec,
                  device: str = "cpu") -> None:
         from torchrl.collectors import Collector
 
@@ -115,11 +115,11 @@ class CollectorActor:
         self.index = index
         yield_to_learner(cfg.async_pipeline.actor_niceness)
         torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
-        model = build_model(cfg, observation_shape, num_actions).to(device).eval()
+        model = build_model(cfg, observation_shape, action_space).to(device).eval()
         # seeded like the actor's envs (a restarted actor gets a new seed, so a new stream too)
         self.search = build_policy(cfg, model, action_spec, generator=actor_generator(seed, device))
         self.policy = LockedPolicy(self.search, weights_module=model)
-        env = _make_worker_env(cfg_dict, seed, observation_shape, num_actions)
+        env = _make_worker_env(cfg_dict, seed, observation_shape, action_space)
         self.collector = Collector(env, self.policy, frames_per_batch=cfg.train.frames_per_batch, total_frames=-1,
                                    device=device, auto_register_policy_transforms=False)
         self._batches = iter(self.collector)
@@ -164,7 +164,7 @@ class EvaluatorActor:
         (1, True)
     """
 
-    def __init__(self, cfg_dict: dict, index: int, observation_shape, num_actions: int) -> None:
+    def __init__(self, cfg_dict: dict, index: int, observation_shape, action_space) -> None:
         from torchrl_muzero.envs import make_env
         from torchrl_muzero.trainers.builders import algorithm, mcts_config
 
@@ -173,7 +173,7 @@ class EvaluatorActor:
         torch.set_num_threads(max(1, cfg.async_pipeline.evaluator_num_cpus))
         device = "cuda" if cfg.async_pipeline.evaluator_num_gpus > 0 else "cpu"
         self.cfg = cfg
-        self.model = build_model(cfg, observation_shape, num_actions).to(device).eval()
+        self.model = build_model(cfg, observation_shape, action_space).to(device).eval()
         self.env = make_env(cfg.env, num_envs=cfg.eval.num_episodes, seed=cfg.seed + 10_000 + index, training=False)
         self.mcts = mcts_config(cfg, temperature=0.0, num_simulations=cfg.eval.num_simulations or
                                 cfg.mcts.num_simulations)

@@ -46,12 +46,12 @@ class RayEvaluatorPool:
         [0]
     """
 
-    def __init__(self, ray, cfg_dict: dict, observation_shape, num_actions: int, num_evaluators: int,
+    def __init__(self, ray, cfg_dict: dict, observation_shape, action_space, num_evaluators: int,
                  max_inflight: int, num_cpus: float, num_gpus: float, restart_dead: bool = False,
                  start_timeout_s: float = 120.0, on_lost: Callable[[int], None] | None = None) -> None:
         self.ray = ray
         self._remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(EvaluatorActor)
-        self._args = (cfg_dict, observation_shape, num_actions)
+        self._args = (cfg_dict, observation_shape, action_space)
         self.actors = [self._spawn(i) for i in range(num_evaluators)]
         self.running: dict = {}  # ObjectRef -> (evaluator index, version)
         self.max_inflight = max(1, max_inflight)
@@ -60,8 +60,8 @@ class RayEvaluatorPool:
 
     def _spawn(self, i: int):
         """A new evaluator actor for index ``i`` (its seed follows the index)."""
-        cfg_dict, observation_shape, num_actions = self._args
-        return self._remote.remote(cfg_dict, i, observation_shape, num_actions)
+        cfg_dict, observation_shape, action_space = self._args
+        return self._remote.remote(cfg_dict, i, observation_shape, action_space)
 
     def started(self, timeout_s: float | None = None) -> None:
         """Wait for the evaluators to exist: their pids (fault messages), and start-up errors naming them."""
