@@ -53,7 +53,7 @@ MZ_INLINE float sum8(const float* x, int64_t n) {
 
 template <class V, bool F>
 MZ_INLINE void ez_step_impl(const EzNet& net, EzScratch& sc, int64_t n,
-                            EzRows& rows, float* prior, float* logits) {
+                            EzRows& rows, float* logits) {
   constexpr int W = Lanes<V>::W;
   const int64_t L = net.L, A = net.A, K = net.K, KP = round_up16(K);
   const float* row_in[kGroup];
@@ -165,16 +165,6 @@ MZ_INLINE void ez_step_impl(const EzNet& net, EzScratch& sc, int64_t n,
       std::fill_n(rows.next_h[s], K, 0.0f);
       std::fill_n(rows.next_c[s], K, 0.0f);
     }
-    // prior = softmax(policy logits), as mlp_net.cpp.
-    float mx = pl[0];
-    for (int64_t a = 1; a < A; ++a) mx = std::max(mx, pl[a]);
-    float* p = prior + s * A;
-    float total = 0.0f;
-    for (int64_t a = 0; a < A; ++a) {
-      p[a] = std::exp(pl[a] - mx);
-      total += p[a];
-    }
-    for (int64_t a = 0; a < A; ++a) p[a] /= total;
     std::copy_n(pl, A, logits + s * A);
   }
 }
@@ -287,38 +277,36 @@ EzScratch& thread_ez_scratch(const EzNet& net) {
 namespace {
 
 void ez_step_baseline(const EzNet& net, EzScratch& sc, int64_t n, EzRows& rows,
-                      float* prior, float* logits) {
-  ez_step_impl<v4f, false>(net, sc, n, rows, prior, logits);
+                      float* logits) {
+  ez_step_impl<v4f, false>(net, sc, n, rows, logits);
 }
 
 #ifdef MZ_X86_AVX2_PATH
 __attribute__((target("avx2"))) void ez_step_avx2(const EzNet& net,
                                                   EzScratch& sc, int64_t n,
-                                                  EzRows& rows, float* prior,
-                                                  float* logits) {
-  ez_step_impl<v8f, false>(net, sc, n, rows, prior, logits);
+                                                  EzRows& rows, float* logits) {
+  ez_step_impl<v8f, false>(net, sc, n, rows, logits);
 }
 
 // The opt-in FMA copy (see mlp_net.cpp): the layers and the decodes fused;
 // the LSTM's sigmoid / tanh and the LayerNorm stay the exact path's.
 __attribute__((target("avx2,fma"))) void ez_step_fma(const EzNet& net,
                                                      EzScratch& sc, int64_t n,
-                                                     EzRows& rows, float* prior,
-                                                     float* logits) {
-  ez_step_impl<v8f, true>(net, sc, n, rows, prior, logits);
+                                                     EzRows& rows, float* logits) {
+  ez_step_impl<v8f, true>(net, sc, n, rows, logits);
 }
 #endif
 
 }  // namespace
 
 void ez_step(const EzNet& net, EzScratch& sc, int64_t n, EzRows& rows,
-             float* prior, float* logits, bool baseline, bool fma) {
+             float* logits, bool baseline, bool fma) {
 #ifdef MZ_X86_AVX2_PATH
-  if (fma && cpu_has_avx2_fma()) return ez_step_fma(net, sc, n, rows, prior, logits);
+  if (fma && cpu_has_avx2_fma()) return ez_step_fma(net, sc, n, rows, logits);
   static const bool has_avx2 = cpu_has_avx2();
-  if (!baseline && has_avx2) return ez_step_avx2(net, sc, n, rows, prior, logits);
+  if (!baseline && has_avx2) return ez_step_avx2(net, sc, n, rows, logits);
 #endif
-  ez_step_baseline(net, sc, n, rows, prior, logits);
+  ez_step_baseline(net, sc, n, rows, logits);
 }
 
 }  // namespace tree_ops

@@ -79,12 +79,12 @@ const EzNet& pack_ez(const std::vector<at::Tensor>& weights, int64_t A,
 
 EzScratch& thread_ez_scratch(const EzNet& net);
 
-// search_step for n rows (see above): fills rows' outputs, the prior [n, A]
-// and the policy logits [n, A]. `baseline` forces the 4-wide build, `fma`
-// the FMA copy where the CPU has it (as mlp_step).
+// search_step for n rows (see above): fills rows' outputs and the policy
+// logits [n, A] (the prior is their softmax_prior, fused_loop.h). `baseline`
+// forces the 4-wide build, `fma` the FMA copy where the CPU has it (as
+// mlp_step).
 void ez_step(const EzNet& net, EzScratch& sc, int64_t n, EzRows& rows,
-             float* prior, float* logits, bool baseline = false,
-             bool fma = false);
+             float* logits, bool baseline = false, bool fma = false);
 
 }  // namespace tree_ops
 

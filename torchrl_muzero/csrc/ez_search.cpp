@@ -1,7 +1,6 @@
-// The fused search for EfficientZeroMLPModel: every simulation of a search in
-// one call (select with the given rules, the value-prefix network step of
-// ez_net.h, expand and backup), the GIL released throughout. Also the step's
-// test hook (ez_recurrent), bound in tree_ops.cpp.
+// The fused search for EfficientZeroMLPModel: the value-prefix network step of
+// ez_net.h as a Search of fused_loop.h's fused_search. Also the step's test
+// hook (ez_recurrent), bound in tree_ops.cpp.
 #include <ATen/ops/empty.h>
 
 #include "ez_net.h"
@@ -90,9 +89,10 @@ std::vector<at::Tensor> ez_recurrent(
       rows.next_h[s] = nh.data_ptr<float>() + b * K;
       rows.next_c[s] = nc.data_ptr<float>() + b * K;
     }
-    ez_step(net, sc, n, rows, prior.data_ptr<float>() + g * A,
-            logits.data_ptr<float>() + g * A, baseline, fma);
+    ez_step(net, sc, n, rows, logits.data_ptr<float>() + g * A, baseline, fma);
     for (int64_t s = 0; s < n; ++s) {
+      softmax_prior(logits.data_ptr<float>() + (g + s) * A, A,
+                    prior.data_ptr<float>() + (g + s) * A);
       prefix.data_ptr<float>()[g + s] = rows.prefix[s];
       nsteps.data_ptr<int64_t>()[g + s] = rows.steps[s];
       reward.data_ptr<float>()[g + s] = rows.reward[s];
@@ -102,81 +102,65 @@ std::vector<at::Tensor> ez_recurrent(
   return {next, nh, nc, prefix, nsteps, reward, logits, value, prior};
 }
 
+namespace {
+
+// EfficientZeroMLPModel's Search (fused_loop.h): the node state is EzState's
+// five [B, N, ...] arrays; the edge reward is the prefix difference, and the
+// edge keeps its children_discount.
+struct EzSearch {
+  const EzNet& net;
+  EzState st;
+  int64_t N;
+  bool fma;
+
+  struct Group {
+    const EzSearch& f;
+    EzScratch& sc;
+    EzRows rows;
+    std::vector<float> logits;
+
+    explicit Group(const EzSearch& search)
+        : f(search), sc(thread_ez_scratch(search.net)),
+          logits(static_cast<size_t>(kGroup * search.net.A)) {}
+    void gather(int64_t s, int64_t b, const Leaf& l, int64_t n) {
+      const int64_t from = b * f.N + l.node, to = b * f.N + n, L = f.net.L, K = f.net.K;
+      rows.action[s] = l.action;
+      rows.latent[s] = f.st.latent + from * L;
+      rows.h[s] = f.st.h + from * K;
+      rows.c[s] = f.st.c + from * K;
+      rows.parent_prefix[s] = f.st.prefix[from];
+      rows.parent_steps[s] = f.st.steps[from];
+      rows.next_latent[s] = f.st.latent + to * L;
+      rows.next_h[s] = f.st.h + to * K;
+      rows.next_c[s] = f.st.c + to * K;
+    }
+    void step(int64_t count) {
+      ez_step(f.net, sc, count, rows, logits.data(), /*baseline=*/false, f.fma);
+    }
+    NodeOutput finish(int64_t s, int64_t b, int64_t n) const {
+      f.st.prefix[b * f.N + n] = rows.prefix[s];
+      f.st.steps[b * f.N + n] = rows.steps[s];
+      return {rows.reward[s], rows.value[s], logits.data() + s * f.net.A, nullptr};
+    }
+  };
+};
+
+}  // namespace
+
 // The whole search on a fresh tree whose root (node 0: children_prior,
 // children_logits, root_legal, raw_value and the node state) the caller has
 // filled: simulation s creates node s + 1, for s < N - 1, writing its state
 // (latent, lstm_h, lstm_c, value_prefix, steps: the [B, N, ...] leaves of
 // tree.embeddings), raw value, prior logits and prior, and the edge reward
 // (prefix difference); every edge keeps its children_discount.
-void ez_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
-               const at::Tensor& parent, const at::Tensor& action_from_parent,
-               const at::Tensor& children_index,
-               const at::Tensor& children_prior,
-               const at::Tensor& children_reward,
-               const at::Tensor& children_discount,
-               const at::Tensor& children_logits, const at::Tensor& raw_value,
-               const at::Tensor& min_q, const at::Tensor& max_q,
-               const at::Tensor& root_legal, const at::Tensor& latent,
-               const at::Tensor& lstm_h, const at::Tensor& lstm_c,
-               const at::Tensor& value_prefix, const at::Tensor& steps,
-               const std::vector<at::Tensor>& weights, double reward_eps,
-               double value_eps, double ln_eps, int64_t horizon,
-               const std::string& root_rule,
-               const std::vector<double>& root_params,
-               const std::string& interior_rule,
-               const std::vector<double>& interior_params,
-               const Extra& extra, bool fma) {
-  TreeArrays t = check_tree(visit_count, value_sum, children_index,
-                            children_prior, children_reward,
-                            children_discount, min_q, max_q);
-  check_links(t, parent, action_from_parent);
-  check_descent_inputs(t, root_legal, children_logits, raw_value);
-  const RuleSpec root = parse_rule(root_rule, root_params, true);
-  const RuleSpec interior = parse_rule(interior_rule, interior_params, false);
-  const int64_t B = t.B, N = t.N, A = t.A;
-  const EzNet& net = pack_ez(weights, A, reward_eps, value_eps, ln_eps, horizon);
-  const EzState st = check_state(net, latent, lstm_h, lstm_c, value_prefix,
-                                 steps, {B, N});
-  // As mlp_search: simulation s relies on node s + 1 being unattached.
-  for (int64_t b = 0; b < B; ++b)
-    TORCH_CHECK(t.vc[b * N] == 0 && (N < 2 || t.par[b * N + 1] == -1),
-                "ez_search: tree ", b, " was searched already; pass a fresh "
-                "tree from allocate_tree");
-  const int64_t L = net.L, K = net.K;
-
-  with_rules(root, interior, t, extra, [&](const auto& rr0, const auto& ir0) {
-    GilRelease no_gil;
-    for_row_chunks_with_rules(t.B, rr0, ir0, [&](int64_t b0, int64_t b1, auto& rr, auto& ir) {
-      EzScratch& sc = thread_ez_scratch(net);
-      EzRows rows;
-      std::vector<float> prior(kGroup * A), logits(kGroup * A);
-      run_fused_simulations(
-          t, b0, b1, rr, ir,
-          [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
-            const int64_t from = b * N + l.node, to = b * N + n;
-            rows.action[s] = l.action;
-            rows.latent[s] = st.latent + from * L;
-            rows.h[s] = st.h + from * K;
-            rows.c[s] = st.c + from * K;
-            rows.parent_prefix[s] = st.prefix[from];
-            rows.parent_steps[s] = st.steps[from];
-            rows.next_latent[s] = st.latent + to * L;
-            rows.next_h[s] = st.h + to * K;
-            rows.next_c[s] = st.c + to * K;
-          },
-          [&](int64_t count) {
-            ez_step(net, sc, count, rows, prior.data(), logits.data(), /*baseline=*/false, fma);
-          },
-          [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
-            st.prefix[b * N + n] = rows.prefix[s];
-            st.steps[b * N + n] = rows.steps[s];
-            std::copy_n(logits.data() + s * A, A, r.lg + n * A);
-            r.rv[n] = rows.value[s];
-            expand_and_backup_in_tree(r, n, l.node, l.action, rows.reward[s],
-                                      rows.value[s], prior.data() + s * A, nullptr);
-          });
-    });
-  });
+void ez_search(const FusedCall& call, const at::Tensor& latent, const at::Tensor& lstm_h,
+               const at::Tensor& lstm_c, const at::Tensor& value_prefix, const at::Tensor& steps,
+               const std::vector<at::Tensor>& weights, double reward_eps, double value_eps,
+               double ln_eps, int64_t horizon) {
+  const TreeArrays& t = call.tree;
+  const EzNet& net = pack_ez(weights, t.A, reward_eps, value_eps, ln_eps, horizon);
+  const EzState st = check_state(net, latent, lstm_h, lstm_c, value_prefix, steps, {t.B, t.N});
+  fused_search(call, EzSearch{net, st, t.N, call.fma});
 }
 
 }  // namespace tree_ops

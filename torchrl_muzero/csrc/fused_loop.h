@@ -1,6 +1,9 @@
-// The simulation loop every fused search shares (mlp_search.cpp,
-// stochastic_search.cpp, ez_search.cpp): the searches differ only in their
-// network step and in what a node stores, not in how simulations proceed.
+// The fused searches (mlp_search.cpp, stochastic_search.cpp, ez_search.cpp,
+// unizero_search.cpp) written once: fused_search<Search> runs every
+// simulation of a search, and a network adds only its Search (how to gather
+// a leaf's state, run its step for a group of trees, and store a new node's
+// own state), never another loop. Also for_row_chunks: a search's trees over
+// torch's threads.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -10,36 +13,14 @@
 #include <utility>
 #include <vector>
 
+#include "dispatch.h"
+#include "entry_points.h"  // FusedCall
 #include "mlp_net.h"
 #include "rules.h"
 
 #ifdef MZ_HAVE_MLP_SEARCH
 
 namespace tree_ops {
-
-// Simulation n (1..N-1) creates node n of every tree in rows [b0, b1). Trees
-// go in groups of kGroup rows: one leaf per tree is selected with the rule
-// pair, `gather(s, b, leaf, n)` points row s of the network's batch at the
-// leaf's stored state and at node n's storage, `step(rows)` runs the network
-// once for the group, and `finish(s, b, r, leaf, n)` writes node n's own data
-// and backs it up (expand_and_backup_in_tree). The GIL is the caller's business.
-template <class RootRule, class InteriorRule, class Gather, class Step, class Finish>
-void run_fused_simulations(const TreeArrays& t, int64_t b0, int64_t b1, const RootRule& rr,
-                           const InteriorRule& ir, Gather&& gather, Step&& step,
-                           Finish&& finish) {
-  Leaf leaf[kGroup];
-  for (int64_t n = 1; n < t.N; ++n) {
-    for (int64_t g = b0; g < b1; g += kGroup) {
-      const int64_t rows = std::min(kGroup, b1 - g);
-      for (int64_t s = 0; s < rows; ++s) {
-        leaf[s] = select_in_tree(row(t, g + s), rr, ir);
-        gather(s, g + s, leaf[s], n);
-      }
-      step(rows);
-      for (int64_t s = 0; s < rows; ++s) finish(s, g + s, row(t, g + s), leaf[s], n);
-    }
-  }
-}
 
 // The searches split B trees into chunks of whole units of rows: whole
 // groups of kGroup trees where every thread gets two groups at least (a
@@ -126,18 +107,6 @@ void for_row_chunks(int64_t B, Chunk&& chunk) {
 #endif
 }
 
-// for_row_chunks for the searches: each chunk gets its own copies of the two
-// selection rules (their scratch is mutable), as chunk(b0, b1, rr, ir).
-template <class RootRule, class InteriorRule, class Chunk>
-void for_row_chunks_with_rules(int64_t B, const RootRule& rr0, const InteriorRule& ir0,
-                               Chunk&& chunk) {
-  for_row_chunks(B, [&](int64_t b0, int64_t b1) {
-    RootRule rr = rr0;
-    InteriorRule ir = ir0;
-    chunk(b0, b1, rr, ir);
-  });
-}
-
 // Whether the searches split on torch's OpenMP team (true) or on threads of
 // their own (false); the extension reports it as `search_threads_on_torch_team`.
 inline bool search_threads_on_torch_team() {
@@ -146,6 +115,89 @@ inline bool search_threads_on_torch_team() {
 #else
   return false;
 #endif
+}
+
+// What a network's step gives for one new node: the edge reward, the raw
+// value, the prior logits [A] (-inf: never selectable) and the edge's own
+// discount (null: the edge keeps children_discount).
+struct NodeOutput {
+  float reward, value;
+  const float* logits;
+  const float* discount;
+};
+
+// prior = softmax(logits[0:n]) in float32, in one fixed order for every network:
+// the maximum from logits[0], exp(z - max) with libm's expf, summed left to
+// right, then each divided by the sum. A -inf logit gets exactly 0 (exp(-inf)
+// is 0 and adding 0 changes no sum), so a row with -inf slots (Stochastic
+// MuZero's other kind of node) gives the softmax of its finite logits.
+TREE_OPS_INLINE void softmax_prior(const float* logits, int64_t n, float* prior) {
+  float mx = logits[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
+  float total = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    prior[i] = std::exp(logits[i] - mx);
+    total += prior[i];
+  }
+  for (int64_t i = 0; i < n; ++i) prior[i] /= total;
+}
+
+// The whole search on a fresh tree whose root the caller has filled:
+// simulation s creates node n = s + 1 of every tree, for s < N - 1.
+//
+// `Search` is the network's part: const, shared by the threads, with a
+// per-chunk `Search::Group` (its scratch and the row pointers of one group of
+// up to kGroup trees) constructed from it, which offers
+//   void gather(int64_t s, int64_t b, const Leaf& leaf, int64_t n)
+//       point row s of the step at tree b's leaf state and node n's storage;
+//   void step(int64_t rows)               the network on rows [0, rows);
+//   NodeOutput finish(int64_t s, int64_t b, int64_t n)
+//       store node n's own state (what only this network keeps) and return
+//       what the tree keeps.
+// The loop around them is the same for every network: per group, one leaf per
+// tree with the rule pair, the step, then per tree the new node's prior
+// logits, raw value and prior (softmax_prior), and the expansion and backup
+// of tree_common.h. Trees go in groups of kGroup over for_row_chunks; the GIL
+// is released throughout.
+template <class Search>
+void fused_search(const FusedCall& call, const Search& search) {
+  const TreeArrays& t = call.tree;
+  const int64_t N = t.N, A = t.A;
+  // Simulation s relies on a fresh tree (node s + 1 unattached when it
+  // starts): reject a tree that was searched already.
+  for (int64_t b = 0; b < t.B; ++b)
+    TORCH_CHECK(t.vc[b * N] == 0 && (N < 2 || t.par[b * N + 1] == -1), call.who, ": tree ", b,
+                " was searched already; pass a fresh tree from allocate_tree");
+  with_rules(call.root, call.interior, t, call.extra, [&](const auto& rr0, const auto& ir0) {
+    GilRelease no_gil;
+    for_row_chunks(t.B, [&](int64_t b0, int64_t b1) {
+      // Per chunk: the rules' scratch is mutable, the group's buffers too.
+      auto rr = rr0;
+      auto ir = ir0;
+      typename Search::Group group(search);
+      std::vector<float> prior(static_cast<size_t>(A));
+      Leaf leaf[kGroup];
+      for (int64_t n = 1; n < N; ++n) {
+        for (int64_t g = b0; g < b1; g += kGroup) {
+          const int64_t rows = std::min(kGroup, b1 - g);
+          for (int64_t s = 0; s < rows; ++s) {
+            leaf[s] = select_in_tree(row(t, g + s), rr, ir);
+            group.gather(s, g + s, leaf[s], n);
+          }
+          group.step(rows);
+          for (int64_t s = 0; s < rows; ++s) {
+            const Row r = row(t, g + s);
+            const NodeOutput out = group.finish(s, g + s, n);
+            std::copy_n(out.logits, A, r.lg + n * A);
+            r.rv[n] = out.value;
+            softmax_prior(out.logits, A, prior.data());
+            expand_and_backup_in_tree(r, n, leaf[s].node, leaf[s].action, out.reward, out.value,
+                                      prior.data(), out.discount);
+          }
+        }
+      }
+    });
+  });
 }
 
 }  // namespace tree_ops

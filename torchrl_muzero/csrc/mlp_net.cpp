@@ -9,13 +9,13 @@ namespace {
 
 // The search step for n <= kGroup rows: parent latents in[s] (L floats),
 // actions act[s]; writes the scaled next latent to out[s] (L floats), the
-// decoded reward and value, the prior [n, A] and, when `logits` is not null,
-// the policy logits [n, A]. F: the FMA path (mlp_kernels.h).
+// decoded reward and value and the policy logits [n, A]. F: the FMA path
+// (mlp_kernels.h).
 template <class V, bool F>
 MZ_INLINE void mlp_step_impl(const MlpNet& net, MlpScratch& sc, int64_t n,
                              const float* const* in, const int64_t* act,
                              float* const* out, float* reward, float* value,
-                             float* prior, float* logits) {
+                             float* logits) {
   const int64_t L = net.L, A = net.A;
   const float* row_in[kGroup];
   float* row_out[kGroup];
@@ -58,17 +58,7 @@ MZ_INLINE void mlp_step_impl(const MlpNet& net, MlpScratch& sc, int64_t n,
     const float* pl = sc.pred_logits.data() + s * net.pred_out.J;
     reward[s] = net.reward_h(bin_expectation<V, F>(rl, net.reward_bins.data(), net.R));
     value[s] = net.value_h(bin_expectation<V, F>(pl + A, net.value_bins.data(), net.V));
-    // prior = softmax(policy logits); A is small, so plain libm exp.
-    float mx = pl[0];
-    for (int64_t a = 1; a < A; ++a) mx = std::max(mx, pl[a]);
-    float* p = prior + s * A;
-    float total = 0.0f;
-    for (int64_t a = 0; a < A; ++a) {
-      p[a] = std::exp(pl[a] - mx);
-      total += p[a];
-    }
-    for (int64_t a = 0; a < A; ++a) p[a] /= total;
-    if (logits != nullptr) std::copy_n(pl, A, logits + s * A);
+    std::copy_n(pl, A, logits + s * A);
   }
 }
 
@@ -162,8 +152,8 @@ MlpScratch& thread_scratch(const MlpNet& net) {
 #define MZ_STEP_PARAMS                                                      \
   const MlpNet &net, MlpScratch &sc, int64_t n, const float *const *in,      \
       const int64_t *act, float *const *out, float *reward, float *value,    \
-      float *prior, float *logits
-#define MZ_STEP_ARGS net, sc, n, in, act, out, reward, value, prior, logits
+      float *logits
+#define MZ_STEP_ARGS net, sc, n, in, act, out, reward, value, logits
 
 namespace {
 

@@ -132,13 +132,13 @@ MlpScratch& thread_scratch(const MlpNet& net);
 
 // The search step for n <= kGroup rows: parent latents in[s] (L floats),
 // actions act[s]; writes the scaled next latent to out[s] (L floats), the
-// decoded reward and value, the prior [n, A] and, when `logits` is not null,
-// the policy logits [n, A]. `baseline` forces the 4-wide build (the test hook
-// compares the two); `fma` takes the opt-in FMA copy where the CPU has AVX2
-// and FMA (kernel_has_fma), else the exact dispatch above.
+// decoded reward and value and the policy logits [n, A] (the prior is their
+// softmax_prior, fused_loop.h). `baseline` forces the 4-wide build (the test
+// hook compares the two); `fma` takes the opt-in FMA copy where the CPU has
+// AVX2 and FMA (kernel_has_fma), else the exact dispatch above.
 void mlp_step(const MlpNet& net, MlpScratch& sc, int64_t n,
               const float* const* in, const int64_t* act, float* const* out,
-              float* reward, float* value, float* prior, float* logits,
+              float* reward, float* value, float* logits,
               bool baseline = false, bool fma = false);
 
 // Whether `fma = true` runs the FMA copies on this CPU (x86 with AVX2 and

@@ -1,7 +1,7 @@
-// The fused search for MuZeroMLPModel: every simulation of a search in one
-// call (select with the given rules, the network step of mlp_net.h, expand
-// and backup), the GIL released throughout. Also the network's test and
-// benchmark hooks (mlp_recurrent, mlp_unroll), bound in tree_ops.cpp.
+// The fused search for MuZeroMLPModel: the network step of mlp_net.h as a
+// Search of fused_loop.h's fused_search (which runs every simulation of a
+// search in one call). Also the network's test and benchmark hooks
+// (mlp_recurrent, mlp_unroll), bound in tree_ops.cpp.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 
@@ -47,9 +47,10 @@ std::vector<at::Tensor> mlp_recurrent(const std::vector<at::Tensor>& weights,
     }
     mlp_step(net, sc, n, in, action.data_ptr<int64_t>() + g, out,
              reward.data_ptr<float>() + g, value.data_ptr<float>() + g,
-             prior.data_ptr<float>() + g * net.A,
              logits.data_ptr<float>() + g * net.A, baseline, fma);
   }
+  for (int64_t b = 0; b < B; ++b)
+    softmax_prior(logits.data_ptr<float>() + b * net.A, net.A, prior.data_ptr<float>() + b * net.A);
   return {next, reward, logits, value, prior};
 }
 
@@ -67,7 +68,7 @@ at::Tensor mlp_unroll(const std::vector<at::Tensor>& weights,
   auto cur = latent.clone(), nxt = at::empty_like(latent);
   GilRelease no_gil;
   MlpScratch& sc = thread_scratch(net);
-  std::vector<float> reward(kGroup), value(kGroup), prior(kGroup * net.A);
+  std::vector<float> reward(kGroup), value(kGroup), logits(kGroup * net.A), prior(net.A);
   const float* in[kGroup];
   float* out[kGroup];
   for (int64_t t = 0; t < S; ++t) {
@@ -78,8 +79,9 @@ at::Tensor mlp_unroll(const std::vector<at::Tensor>& weights,
         out[s] = nxt.data_ptr<float>() + (g + s) * net.L;
       }
       mlp_step(net, sc, n, in, actions.data_ptr<int64_t>() + t * B + g, out,
-               reward.data(), value.data(), prior.data(), nullptr,
-               /*baseline=*/false, fma);
+               reward.data(), value.data(), logits.data(), /*baseline=*/false, fma);
+      // The prior, as the search computes it for every new node.
+      for (int64_t s = 0; s < n; ++s) softmax_prior(logits.data() + s * net.A, net.A, prior.data());
     }
     std::swap(cur, nxt);
   }
@@ -114,53 +116,40 @@ std::pair<std::vector<std::pair<int64_t, int64_t>>, int64_t> row_chunks_probe(
 
 namespace {
 
-// The simulations of mlp_search on the checked tree `t` (every pointer set).
-void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
-                    const std::vector<at::Tensor>& weights, double reward_eps,
-                    double value_eps, const RuleSpec& root,
-                    const RuleSpec& interior, const Extra& extra, bool fma) {
-  const int64_t B = t.B, N = t.N, A = t.A;
-  const MlpNet& net = pack_mlp(weights, A, reward_eps, value_eps);
-  check_tensor(embeddings, "embeddings", at::kFloat, 3);
-  check_shape(embeddings, "embeddings", {B, N, net.L});
-  float* emb_all = embeddings.data_ptr<float>();
-  // The simulations rely on a fresh tree (node s + 1 unattached when
-  // simulation s starts): reject a tree that was searched already.
-  for (int64_t b = 0; b < B; ++b)
-    TORCH_CHECK(t.vc[b * N] == 0 && (N < 2 || t.par[b * N + 1] == -1),
-                "mlp_search: tree ", b, " was searched already; pass a fresh "
-                "tree from allocate_tree");
-  const int64_t L = net.L;
+// MuZeroMLPModel's Search (fused_loop.h): the node state is the latent
+// (embeddings [B, N, L]); the step returns no discount of its own.
+struct MlpSearch {
+  const MlpNet& net;
+  float* latents;
+  int64_t N;
+  bool fma;
 
-  with_rules(root, interior, t, extra, [&](const auto& rr0, const auto& ir0) {
-    GilRelease no_gil;
-    for_row_chunks_with_rules(t.B, rr0, ir0, [&](int64_t b0, int64_t b1, auto& rr, auto& ir) {
-      MlpScratch& sc = thread_scratch(net);
-      int64_t act[kGroup];
-      float reward[kGroup], value[kGroup];
-      std::vector<float> prior(kGroup * A), logits(kGroup * A);
-      const float* in[kGroup];
-      float* out[kGroup];
-      run_fused_simulations(
-          t, b0, b1, rr, ir,
-          [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
-            act[s] = l.action;
-            in[s] = emb_all + (b * N + l.node) * L;
-            out[s] = emb_all + (b * N + n) * L;
-          },
-          [&](int64_t rows) {
-            mlp_step(net, sc, rows, in, act, out, reward, value, prior.data(),
-                     logits.data(), /*baseline=*/false, fma);
-          },
-          [&](int64_t s, int64_t, const Row& r, const Leaf& l, int64_t n) {
-            std::copy_n(logits.data() + s * A, A, r.lg + n * A);
-            r.rv[n] = value[s];
-            expand_and_backup_in_tree(r, n, l.node, l.action, reward[s],
-                                      value[s], prior.data() + s * A, nullptr);
-          });
-    });
-  });
-}
+  struct Group {
+    const MlpSearch& f;
+    MlpScratch& sc;
+    int64_t act[kGroup];
+    float reward[kGroup], value[kGroup];
+    std::vector<float> logits;
+    const float* in[kGroup];
+    float* out[kGroup];
+
+    explicit Group(const MlpSearch& search)
+        : f(search), sc(thread_scratch(search.net)),
+          logits(static_cast<size_t>(kGroup * search.net.A)) {}
+    void gather(int64_t s, int64_t b, const Leaf& l, int64_t n) {
+      act[s] = l.action;
+      in[s] = f.latents + (b * f.N + l.node) * f.net.L;
+      out[s] = f.latents + (b * f.N + n) * f.net.L;
+    }
+    void step(int64_t rows) {
+      mlp_step(f.net, sc, rows, in, act, out, reward, value, logits.data(), /*baseline=*/false,
+               f.fma);
+    }
+    NodeOutput finish(int64_t s, int64_t, int64_t) const {
+      return {reward[s], value[s], logits.data() + s * f.net.A, nullptr};
+    }
+  };
+};
 
 }  // namespace
 
@@ -169,29 +158,13 @@ void run_mlp_search(const TreeArrays& t, const at::Tensor& embeddings,
 // simulation s creates node s + 1, for s < N - 1, and writes its latent, raw
 // value, prior logits and prior. Every edge keeps the discount
 // children_discount holds (the network returns none of its own).
-void mlp_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
-                const at::Tensor& parent, const at::Tensor& action_from_parent,
-                const at::Tensor& children_index,
-                const at::Tensor& children_prior,
-                const at::Tensor& children_reward,
-                const at::Tensor& children_discount,
-                const at::Tensor& children_logits, const at::Tensor& raw_value,
-                const at::Tensor& min_q, const at::Tensor& max_q,
-                const at::Tensor& root_legal, const at::Tensor& embeddings,
-                const std::vector<at::Tensor>& weights, double reward_eps,
-                double value_eps, const std::string& root_rule,
-                const std::vector<double>& root_params,
-                const std::string& interior_rule,
-                const std::vector<double>& interior_params,
-                const Extra& extra, bool fma) {
-  TreeArrays t = check_tree(visit_count, value_sum, children_index,
-                            children_prior, children_reward,
-                            children_discount, min_q, max_q);
-  check_links(t, parent, action_from_parent);
-  check_descent_inputs(t, root_legal, children_logits, raw_value);
-  run_mlp_search(t, embeddings, weights, reward_eps, value_eps,
-                 parse_rule(root_rule, root_params, true),
-                 parse_rule(interior_rule, interior_params, false), extra, fma);
+void mlp_search(const FusedCall& call, const at::Tensor& embeddings,
+                const std::vector<at::Tensor>& weights, double reward_eps, double value_eps) {
+  const TreeArrays& t = call.tree;
+  const MlpNet& net = pack_mlp(weights, t.A, reward_eps, value_eps);
+  check_tensor(embeddings, "embeddings", at::kFloat, 3);
+  check_shape(embeddings, "embeddings", {t.B, t.N, net.L});
+  fused_search(call, MlpSearch{net, embeddings.data_ptr<float>(), t.N, call.fma});
 }
 
 // The version-1 signature (pUCT at every node with one set of constants and
@@ -228,10 +201,10 @@ void mlp_search_puct(const at::Tensor& visit_count, const at::Tensor& value_sum,
   t.cd = disc.data();
   t.lg = logits.data();
   t.rv = raw.data();
-  const std::vector<double> puct{pb_c_base, pb_c_init};
-  const RuleSpec spec{RuleId::kPuct, puct};
-  run_mlp_search(t, embeddings, weights, reward_eps, value_eps, spec, spec,
-                 Extra{}, /*fma=*/false);
+  const RuleSpec puct{RuleId::kPuct, {pb_c_base, pb_c_init}};
+  static const Extra no_extra;
+  mlp_search(FusedCall{t, puct, puct, no_extra, /*fma=*/false, "mlp_search"}, embeddings, weights,
+             reward_eps, value_eps);
 }
 
 }  // namespace tree_ops

@@ -15,22 +15,11 @@ MZ_INLINE void rows_at(float* base, int64_t stride, int64_t n, float** ptr) {
 }
 
 // One row's prior logits over the A + C slots: `z` (count floats) at slot
-// `first`, -inf elsewhere; and their softmax (exactly 0 on the -inf slots,
-// as torch's exp(-inf - max) is). The slots are few: plain libm exp.
-MZ_INLINE void write_logits_and_prior(const float* z, int64_t first,
-                                      int64_t count, int64_t S, float* logits,
-                                      float* prior) {
+// `first`, -inf elsewhere (the prior, their softmax_prior, is exactly 0 there).
+MZ_INLINE void write_logits(const float* z, int64_t first, int64_t count, int64_t S,
+                            float* logits) {
   std::fill_n(logits, S, -std::numeric_limits<float>::infinity());
-  std::fill_n(prior, S, 0.0f);
   std::copy_n(z, count, logits + first);
-  float mx = z[0];
-  for (int64_t i = 1; i < count; ++i) mx = std::max(mx, z[i]);
-  float total = 0.0f;
-  for (int64_t i = 0; i < count; ++i) {
-    prior[first + i] = std::exp(z[i] - mx);
-    total += prior[first + i];
-  }
-  for (int64_t i = 0; i < count; ++i) prior[first + i] /= total;
 }
 
 // Decision rows (idx[0..n)) -> chance nodes: afterstate dynamics, then the
@@ -40,7 +29,7 @@ MZ_INLINE void afterstate_rows(const StochasticNet& net, StochasticScratch& sc,
                                int64_t n, const int64_t* idx,
                                const float* const* in, const int64_t* act,
                                float* const* out, float* reward, float* value,
-                               float* discount, float* logits, float* prior) {
+                               float* discount, float* logits) {
   const int64_t L = net.L, A = net.A, C = net.C, S = A + C;
   const float* x[kGroup];
   const float* extra[kGroup];
@@ -71,7 +60,7 @@ MZ_INLINE void afterstate_rows(const StochasticNet& net, StochasticScratch& sc,
     value[s] = net.value_h(bin_expectation<V, F>(z + C, net.value_bins.data(), net.V));
     reward[s] = 0.0f;
     discount[s] = 1.0f;
-    write_logits_and_prior(z, A, C, S, logits + s * S, prior + s * S);
+    write_logits(z, A, C, S, logits + s * S);
   }
 }
 
@@ -82,8 +71,7 @@ MZ_INLINE void chance_rows(const StochasticNet& net, StochasticScratch& sc,
                            int64_t n, const int64_t* idx,
                            const float* const* in, const int64_t* act,
                            float gamma, float* const* out, float* reward,
-                           float* value, float* discount, float* logits,
-                           float* prior) {
+                           float* value, float* discount, float* logits) {
   const int64_t L = net.L, A = net.A, C = net.C, S = A + C;
   const float* x[kGroup];
   const float* extra[kGroup];
@@ -122,7 +110,7 @@ MZ_INLINE void chance_rows(const StochasticNet& net, StochasticScratch& sc,
     reward[s] = net.reward_h(bin_expectation<V, F>(y[i], net.reward_bins.data(), net.R));
     value[s] = net.value_h(bin_expectation<V, F>(z + A, net.value_bins.data(), net.V));
     discount[s] = gamma;
-    write_logits_and_prior(z, 0, A, S, logits + s * S, prior + s * S);
+    write_logits(z, 0, A, S, logits + s * S);
   }
 }
 
@@ -136,8 +124,7 @@ MZ_INLINE void stochastic_step_impl(const StochasticNet& net,
                                     const bool* is_chance, const int64_t* act,
                                     float gamma, float* const* out,
                                     float* reward, float* value,
-                                    float* discount, float* logits,
-                                    float* prior) {
+                                    float* discount, float* logits) {
   int64_t dec[kGroup], cha[kGroup];
   int64_t nd = 0, nc = 0;
   for (int64_t s = 0; s < n; ++s) {
@@ -146,10 +133,10 @@ MZ_INLINE void stochastic_step_impl(const StochasticNet& net,
   }
   if (nd > 0)
     afterstate_rows<V, F>(net, sc, nd, dec, in, act, out, reward, value,
-                       discount, logits, prior);
+                          discount, logits);
   if (nc > 0)
     chance_rows<V, F>(net, sc, nc, cha, in, act, gamma, out, reward, value,
-                   discount, logits, prior);
+                      discount, logits);
 }
 
 }  // namespace
@@ -263,10 +250,10 @@ StochasticScratch& stochastic_scratch(const StochasticNet& net) {
   const StochasticNet &net, StochasticScratch &sc, int64_t n,               \
       const float *const *in, const bool *is_chance, const int64_t *act,    \
       float gamma, float *const *out, float *reward, float *value,          \
-      float *discount, float *logits, float *prior
+      float *discount, float *logits
 #define MZ_STO_ARGS                                                         \
   net, sc, n, in, is_chance, act, gamma, out, reward, value, discount,      \
-      logits, prior
+      logits
 
 namespace {
 

@@ -66,15 +66,14 @@ StochasticScratch& stochastic_scratch(const StochasticNet& net);
 // The search step for n <= kGroup rows: parent latents in[s] (L floats),
 // parent kinds is_chance[s], slots act[s] in [0, A + C); writes the new
 // latent to out[s] (L floats), reward[s], value[s], discount[s] (1 or
-// `gamma`), the prior logits [n, A + C] (-inf on the other kind's slots) and
-// the prior [n, A + C]. `baseline` forces the 4-wide build, `fma` the FMA
-// copy where the CPU has it (as mlp_step).
+// `gamma`) and the prior logits [n, A + C] (-inf on the other kind's slots;
+// the prior is their softmax_prior, fused_loop.h). `baseline` forces the
+// 4-wide build, `fma` the FMA copy where the CPU has it (as mlp_step).
 void stochastic_step(const StochasticNet& net, StochasticScratch& sc,
                      int64_t n, const float* const* in, const bool* is_chance,
                      const int64_t* act, float gamma, float* const* out,
                      float* reward, float* value, float* discount,
-                     float* logits, float* prior, bool baseline = false,
-                     bool fma = false);
+                     float* logits, bool baseline = false, bool fma = false);
 
 }  // namespace tree_ops
 

@@ -1,8 +1,10 @@
-// The fused search for StochasticMuZeroMLPModel: every simulation of a
-// Stochastic MuZero search in one call (select with the given rules, the
-// network step of stochastic_net.h for the leaf's kind, expand and backup),
-// the GIL released throughout. Also its test hook (stochastic_recurrent); both
-// are bound in tree_ops.cpp.
+// The fused search for StochasticMuZeroMLPModel: the network step of
+// stochastic_net.h for the leaf's kind as a Search of fused_loop.h's
+// fused_search. Stochastic MuZero fits the shared loop as it is: its interior
+// rule (chance / pUCT by node kind) is a rule like any other, reading the node
+// kinds this Search writes (passed as extra["is_chance"]), and its edge
+// discounts (1 into a chance node) are the step's NodeOutput::discount. Also its test hook
+// (stochastic_recurrent); both are bound in tree_ops.cpp.
 //
 // Why: the torch model's search step runs both branches (afterstate and
 // chance) on the whole batch over a TensorDict state, ~60 aten calls per
@@ -56,11 +58,57 @@ std::vector<at::Tensor> stochastic_recurrent(
                     static_cast<float>(discount), out,
                     reward.data_ptr<float>() + g, value.data_ptr<float>() + g,
                     disc.data_ptr<float>() + g,
-                    logits.data_ptr<float>() + g * S,
-                    prior.data_ptr<float>() + g * S, baseline, fma);
+                    logits.data_ptr<float>() + g * S, baseline, fma);
   }
+  for (int64_t b = 0; b < B; ++b)
+    softmax_prior(logits.data_ptr<float>() + b * S, S, prior.data_ptr<float>() + b * S);
   return {next, reward, logits, value, prior, disc};
 }
+
+namespace {
+
+// StochasticMuZeroMLPModel's Search (fused_loop.h): the node state is the
+// latent [B, N, L] and the kind is_chance [B, N]; a new node is of the other
+// kind than its parent, and its edge gets the step's discount.
+struct StochasticSearch {
+  const StochasticNet& net;
+  float* latents;
+  bool* kind;
+  int64_t N;
+  float gamma;
+  bool fma;
+
+  struct Group {
+    const StochasticSearch& f;
+    StochasticScratch& sc;
+    int64_t act[kGroup];
+    bool parent_chance[kGroup];
+    float reward[kGroup], value[kGroup], disc[kGroup];
+    std::vector<float> logits;
+    const float* in[kGroup];
+    float* out[kGroup];
+
+    explicit Group(const StochasticSearch& search)
+        : f(search), sc(stochastic_scratch(search.net)),
+          logits(static_cast<size_t>(kGroup * (search.net.A + search.net.C))) {}
+    void gather(int64_t s, int64_t b, const Leaf& l, int64_t n) {
+      act[s] = l.action;
+      parent_chance[s] = f.kind[b * f.N + l.node];
+      in[s] = f.latents + (b * f.N + l.node) * f.net.L;
+      out[s] = f.latents + (b * f.N + n) * f.net.L;
+    }
+    void step(int64_t rows) {
+      stochastic_step(f.net, sc, rows, in, parent_chance, act, f.gamma, out, reward, value, disc,
+                      logits.data(), /*baseline=*/false, f.fma);
+    }
+    NodeOutput finish(int64_t s, int64_t b, int64_t n) const {
+      f.kind[b * f.N + n] = !parent_chance[s];
+      return {reward[s], value[s], logits.data() + s * (f.net.A + f.net.C), disc + s};
+    }
+  };
+};
+
+}  // namespace
 
 // The whole search on a fresh tree whose root (node 0: children_prior,
 // children_logits, root_legal, latent, is_chance, raw_value) the caller has
@@ -68,82 +116,25 @@ std::vector<at::Tensor> stochastic_recurrent(
 // per-simulation loop writes: its latent and kind (the other kind than its
 // parent's), raw value, prior logits and prior, its edge's reward and
 // discount (1 into a chance node, `discount` into a decision node).
-void stochastic_search(
-    const at::Tensor& visit_count, const at::Tensor& value_sum,
-    const at::Tensor& parent, const at::Tensor& action_from_parent,
-    const at::Tensor& children_index, const at::Tensor& children_prior,
-    const at::Tensor& children_reward, const at::Tensor& children_discount,
-    const at::Tensor& children_logits, const at::Tensor& raw_value,
-    const at::Tensor& min_q, const at::Tensor& max_q,
-    const at::Tensor& root_legal, const at::Tensor& latent,
-    const at::Tensor& is_chance, const std::vector<at::Tensor>& weights,
-    double reward_eps, double value_eps, double discount,
-    const std::string& root_rule, const std::vector<double>& root_params,
-    const std::string& interior_rule,
-    const std::vector<double>& interior_params, const Extra& extra,
-    bool fma) {
-  TreeArrays t = check_tree(visit_count, value_sum, children_index,
-                            children_prior, children_reward,
-                            children_discount, min_q, max_q);
-  check_links(t, parent, action_from_parent);
-  check_descent_inputs(t, root_legal, children_logits, raw_value);
+void stochastic_search(const FusedCall& call, const at::Tensor& latent,
+                       const at::Tensor& is_chance, const std::vector<at::Tensor>& weights,
+                       double reward_eps, double value_eps, double discount) {
+  const TreeArrays& t = call.tree;
   const int64_t B = t.B, N = t.N, S = t.A;
   const StochasticNet& net = pack_stochastic(weights, reward_eps, value_eps);
-  const int64_t L = net.L;
   TORCH_CHECK(S == net.A + net.C, "stochastic_search: the tree has ", S,
               " edge slots, the network ", net.A, " actions + ", net.C,
               " chance codes");
   check_tensor(latent, "latent", at::kFloat, 3);
-  check_shape(latent, "latent", {B, N, L});
+  check_shape(latent, "latent", {B, N, net.L});
   check_tensor(is_chance, "is_chance", at::kBool, 2);
   check_shape(is_chance, "is_chance", {B, N});
-  // The simulations rely on a fresh tree (node s + 1 unattached when
-  // simulation s starts): reject a tree that was searched already.
-  for (int64_t b = 0; b < B; ++b)
-    TORCH_CHECK(t.vc[b * N] == 0 && (N < 2 || t.par[b * N + 1] == -1),
-                "stochastic_search: tree ", b, " was searched already; pass "
-                "a fresh tree from allocate_tree");
-  // The interior rule must read the node kinds this loop writes.
-  Extra rule_extra = extra;
+  // The interior rule must read the node kinds this search writes.
+  Extra rule_extra = call.extra;
   rule_extra["is_chance"] = is_chance;
-  float* lat = latent.data_ptr<float>();
-  bool* kind = is_chance.data_ptr<bool>();
-  const float gamma = static_cast<float>(discount);
-
-  with_rules(parse_rule(root_rule, root_params, true),
-             parse_rule(interior_rule, interior_params, false), t, rule_extra,
-             [&](const auto& rr0, const auto& ir0) {
-    GilRelease no_gil;
-    for_row_chunks_with_rules(t.B, rr0, ir0, [&](int64_t b0, int64_t b1, auto& rr, auto& ir) {
-      StochasticScratch& sc = stochastic_scratch(net);
-      int64_t act[kGroup];
-      bool parent_chance[kGroup];
-      float reward[kGroup], value[kGroup], disc[kGroup];
-      std::vector<float> logits(kGroup * S), prior(kGroup * S);
-      const float* in[kGroup];
-      float* out[kGroup];
-      run_fused_simulations(
-          t, b0, b1, rr, ir,
-          [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
-            act[s] = l.action;
-            parent_chance[s] = kind[b * N + l.node];
-            in[s] = lat + (b * N + l.node) * L;
-            out[s] = lat + (b * N + n) * L;
-          },
-          [&](int64_t rows) {
-            stochastic_step(net, sc, rows, in, parent_chance, act, gamma, out,
-                            reward, value, disc, logits.data(), prior.data(),
-                            /*baseline=*/false, fma);
-          },
-          [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
-            kind[b * N + n] = !parent_chance[s];
-            std::copy_n(logits.data() + s * S, S, r.lg + n * S);
-            r.rv[n] = value[s];
-            expand_and_backup_in_tree(r, n, l.node, l.action, reward[s],
-                                      value[s], prior.data() + s * S, disc + s);
-          });
-    });
-  });
+  fused_search(FusedCall{t, call.root, call.interior, rule_extra, call.fma, call.who},
+               StochasticSearch{net, latent.data_ptr<float>(), is_chance.data_ptr<bool>(), N,
+                                static_cast<float>(discount), call.fma});
 }
 
 }  // namespace tree_ops

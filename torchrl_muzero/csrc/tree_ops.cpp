@@ -21,19 +21,22 @@
 //                  rules;
 //   dispatch.h     rule names and parameter counts, with_rules(): from the
 //                  names to the template instantiation;
+//   fused_loop.h   fused_search<Search>: every fused search's simulation
+//                  loop (select, the network's step, the new nodes' prior,
+//                  expand and backup), written once over the network's
+//                  Search (gather, step, finish); and for_row_chunks: a
+//                  search's trees over torch's threads;
 //   mlp_net.*      the fused MLP search's network step;
 //   mlp_kernels.h  the vector kernels every fused network uses (linear layer,
 //                  support decode, exp);
-//   mlp_search.cpp the fused search (reuses select_in_tree and the backup);
-//   fused_loop.h   the simulation loop every fused search shares, and
-//                  for_row_chunks: a search's trees over torch's threads;
+//   mlp_search.cpp the MLP's Search and entry point;
 //   stochastic_net.*, stochastic_search.cpp
 //                  the same for Stochastic MuZero's two-kind step;
 //   ez_net.*       EfficientZero's value-prefix step (LSTM, LayerNorm);
-//   ez_search.cpp  the fused EfficientZero search;
+//   ez_search.cpp  the EfficientZero Search;
 //   unizero_net.*, unizero_search.cpp
 //                  UniZero's transformer step (per-node KV cache or full
-//                  recompute) and its fused search.
+//                  recompute) and its Search.
 //
 // `select` and `mlp_search` take the two rules by name plus their float
 // parameters (mcts/rules.py's `cpp_rule` / `cpp_params`) and the tensors of
@@ -163,15 +166,6 @@ void expand_and_backup(
 }  // namespace
 }  // namespace tree_ops
 
-// The tree arrays every fused search takes first, as pybind11 keyword names (in
-// the order of `_cpp._fused_tree_arrays`), for the searches' m.def calls.
-#define MZ_FUSED_TREE_PY_ARGS                                                     \
-  py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),                \
-      py::arg("action_from_parent"), py::arg("children_index"),                   \
-      py::arg("children_prior"), py::arg("children_reward"),                      \
-      py::arg("children_discount"), py::arg("children_logits"),                   \
-      py::arg("raw_value"), py::arg("min_q"), py::arg("max_q"), py::arg("root_legal")
-
 namespace tree_ops {
 
 // Defined in tree_common.h, for the compute files: pybind11's GIL release
@@ -188,6 +182,48 @@ GilRelease::~GilRelease() {
 }
 
 namespace {
+
+#ifdef MZ_HAVE_MLP_SEARCH
+
+// Binds a fused search `search(const FusedCall&, Net...)` as the Python
+// function `name`(the 13 tree arrays of `_cpp._fused_tree_arrays`, the
+// network's arguments `net_args` (its py::args, in the order of Net...),
+// root_rule, root_params, interior_rule, interior_params, extra={},
+// fma=False). The tree and the rules are checked and parsed here, once for
+// every search, into the FusedCall the search receives.
+template <class... Net, class... NetPyArgs>
+void def_fused_search(pybind11::module_& m, const char* name,
+                      void (*search)(const FusedCall&, Net...), const char* doc,
+                      const NetPyArgs&... net_args) {
+  namespace py = pybind11;
+  m.def(
+      name,
+      [search, name](const at::Tensor& visit_count, const at::Tensor& value_sum,
+                     const at::Tensor& parent, const at::Tensor& action_from_parent,
+                     const at::Tensor& children_index, const at::Tensor& children_prior,
+                     const at::Tensor& children_reward, const at::Tensor& children_discount,
+                     const at::Tensor& children_logits, const at::Tensor& raw_value,
+                     const at::Tensor& min_q, const at::Tensor& max_q,
+                     const at::Tensor& root_legal, Net... net, const std::string& root_rule,
+                     const std::vector<double>& root_params, const std::string& interior_rule,
+                     const std::vector<double>& interior_params, const Extra& extra, bool fma) {
+        TreeArrays t = check_tree(visit_count, value_sum, children_index, children_prior,
+                                  children_reward, children_discount, min_q, max_q);
+        check_links(t, parent, action_from_parent);
+        check_descent_inputs(t, root_legal, children_logits, raw_value);
+        search(FusedCall{t, parse_rule(root_rule, root_params, true),
+                         parse_rule(interior_rule, interior_params, false), extra, fma, name},
+               net...);
+      },
+      doc, py::arg("visit_count"), py::arg("value_sum"), py::arg("parent"),
+      py::arg("action_from_parent"), py::arg("children_index"), py::arg("children_prior"),
+      py::arg("children_reward"), py::arg("children_discount"), py::arg("children_logits"),
+      py::arg("raw_value"), py::arg("min_q"), py::arg("max_q"), py::arg("root_legal"),
+      net_args..., py::arg("root_rule"), py::arg("root_params"), py::arg("interior_rule"),
+      py::arg("interior_params"), py::arg("extra") = Extra{}, py::arg("fma") = false);
+}
+
+#endif  // MZ_HAVE_MLP_SEARCH
 
 // The registrations of the functions of entry_points.h (and of
 // gumbel_readout.h), one per compute file; without GCC/Clang vector
@@ -234,16 +270,13 @@ void register_root_ops(pybind11::module_& m) {
 void register_mlp(pybind11::module_& m) {
   namespace py = pybind11;
   register_gumbel_readout(m);  // Gumbel's result after the fused search
-  m.def("mlp_search", &mlp_search,
-        "Run every simulation of a search for MuZeroMLPModel (one hidden "
-        "layer) on a fresh tree whose root is initialised, in place, "
-        "descending with the named root and interior rules (`fma`: the "
-        "opt-in FMA network path where the CPU has it).",
-        MZ_FUSED_TREE_PY_ARGS, py::arg("embeddings"), py::arg("weights"),
-        py::arg("reward_eps"), py::arg("value_eps"), py::arg("root_rule"),
-        py::arg("root_params"), py::arg("interior_rule"),
-        py::arg("interior_params"), py::arg("extra") = Extra{},
-        py::arg("fma") = false);
+  def_fused_search(m, "mlp_search", &mlp_search,
+                   "Run every simulation of a search for MuZeroMLPModel (one hidden "
+                   "layer) on a fresh tree whose root is initialised, in place, "
+                   "descending with the named root and interior rules (`fma`: the "
+                   "opt-in FMA network path where the CPU has it).",
+                   py::arg("embeddings"), py::arg("weights"), py::arg("reward_eps"),
+                   py::arg("value_eps"));
   m.def("mlp_search", &mlp_search_puct,
         "Version-1 form: pUCT everywhere with (pb_c_base, pb_c_init) and one "
         "discount for every edge.",
@@ -283,17 +316,14 @@ void register_mlp(pybind11::module_& m) {
 
 void register_stochastic(pybind11::module_& m) {
   namespace py = pybind11;
-  m.def("stochastic_search", &stochastic_search,
-        "Run every simulation of a Stochastic MuZero search for "
-        "StochasticMuZeroMLPModel (one hidden layer) on a fresh tree whose "
-        "root is initialised, in place, descending with the named root and "
-        "interior rules (`fma`: the opt-in FMA network path where the CPU "
-        "has it).",
-        MZ_FUSED_TREE_PY_ARGS, py::arg("latent"), py::arg("is_chance"),
-        py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
-        py::arg("discount"), py::arg("root_rule"), py::arg("root_params"),
-        py::arg("interior_rule"), py::arg("interior_params"),
-        py::arg("extra") = Extra{}, py::arg("fma") = false);
+  def_fused_search(m, "stochastic_search", &stochastic_search,
+                   "Run every simulation of a Stochastic MuZero search for "
+                   "StochasticMuZeroMLPModel (one hidden layer) on a fresh tree whose "
+                   "root is initialised, in place, descending with the named root and "
+                   "interior rules (`fma`: the opt-in FMA network path where the CPU "
+                   "has it).",
+                   py::arg("latent"), py::arg("is_chance"), py::arg("weights"),
+                   py::arg("reward_eps"), py::arg("value_eps"), py::arg("discount"));
   m.def("stochastic_recurrent", &stochastic_recurrent,
         "Test hook: the fused Stochastic MuZero search's network step "
         "(model.search_step) for a batch (`baseline`: force the 4-wide "
@@ -307,17 +337,14 @@ void register_stochastic(pybind11::module_& m) {
 
 void register_ez(pybind11::module_& m) {
   namespace py = pybind11;
-  m.def("ez_search", &ez_search,
-        "Run every simulation of a search for EfficientZeroMLPModel (one "
-        "hidden layer, value-prefix LSTM) on a fresh tree whose root is "
-        "initialised, in place, descending with the named rules.",
-        MZ_FUSED_TREE_PY_ARGS, py::arg("latent"), py::arg("lstm_h"),
-        py::arg("lstm_c"), py::arg("value_prefix"), py::arg("steps"),
-        py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
-        py::arg("layer_norm_eps"), py::arg("lstm_horizon_len"),
-        py::arg("root_rule"), py::arg("root_params"), py::arg("interior_rule"),
-        py::arg("interior_params"), py::arg("extra") = Extra{},
-        py::arg("fma") = false);
+  def_fused_search(m, "ez_search", &ez_search,
+                   "Run every simulation of a search for EfficientZeroMLPModel (one "
+                   "hidden layer, value-prefix LSTM) on a fresh tree whose root is "
+                   "initialised, in place, descending with the named rules.",
+                   py::arg("latent"), py::arg("lstm_h"), py::arg("lstm_c"),
+                   py::arg("value_prefix"), py::arg("steps"), py::arg("weights"),
+                   py::arg("reward_eps"), py::arg("value_eps"), py::arg("layer_norm_eps"),
+                   py::arg("lstm_horizon_len"));
   m.def("ez_recurrent", &ez_recurrent,
         "Test hook: the fused EfficientZero search's network step "
         "(search_step) for a batch of states (`baseline`: force the 4-wide "
@@ -332,17 +359,14 @@ void register_ez(pybind11::module_& m) {
 
 void register_unizero(pybind11::module_& m) {
   namespace py = pybind11;
-  m.def("unizero_search", &unizero_search,
-        "Run every simulation of a search for UniZeroModel (transformer world model; with `kv`, "
-        "the exact per-node KV cache, each node's buffer holding its own slots only, else a "
-        "full recompute per step) on a fresh tree whose "
-        "root is initialised, in place, descending with the named rules (`fma`: the opt-in "
-        "FMA path of the expansions' linear layers and decodes where the CPU has it).",
-        MZ_FUSED_TREE_PY_ARGS,
-        py::arg("latents"), py::arg("actions"), py::arg("length"), py::arg("kv"),
-        py::arg("weights"), py::arg("ints"), py::arg("floats"), py::arg("root_rule"),
-        py::arg("root_params"), py::arg("interior_rule"), py::arg("interior_params"),
-        py::arg("extra") = Extra{}, py::arg("fma") = false);
+  def_fused_search(m, "unizero_search", &unizero_search,
+                   "Run every simulation of a search for UniZeroModel (transformer world model; "
+                   "with `kv`, the exact per-node KV cache, each node's buffer holding its own "
+                   "slots only, else a full recompute per step) on a fresh tree whose root is "
+                   "initialised, in place, descending with the named rules (`fma`: the opt-in "
+                   "FMA path of the expansions' linear layers and decodes where the CPU has it).",
+                   py::arg("latents"), py::arg("actions"), py::arg("length"), py::arg("kv"),
+                   py::arg("weights"), py::arg("ints"), py::arg("floats"));
   m.def("unizero_root", &unizero_root,
         "The roots of UniZeroModel.root_from_latents (a full forward over each packed window; "
         "`kv` None: no cache). Returns [policy_logits, value].",

@@ -334,7 +334,7 @@ MZ_INLINE void run_heads(const Dense& trunk, const Dense& first, const Dense& se
 
 template <class V, bool F>
 MZ_INLINE void uz_step_impl(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows,
-                            bool cache, float* logits, float* prior) {
+                            bool cache, float* logits) {
   const int64_t E = net.E, EP = round_up16(E), MB = net.MB, A = net.A, SF = net.slot_floats();
   int64_t lp[kGroup];
   const float* inputs[kGroup];
@@ -388,7 +388,6 @@ MZ_INLINE void uz_step_impl(const UzNet& net, UzScratch& sc, int64_t n, UzRows& 
   for (int64_t s = 0; s < n; ++s) {
     const float* lg = sc.out1.data() + s * net.policy_out.J;
     std::copy_n(lg, A, logits + s * A);
-    softmax_into(lg, A, prior + s * A);
     rows.value[s] = net.value_h(bin_expectation<V, F>(sc.out2.data() + s * net.value_out.J,
                                                    net.value_bins.data(), net.V));
   }
@@ -485,23 +484,21 @@ __attribute__((target("avx2"))) void uz_roots_avx2(const UzNet& net, UzScratch& 
 #endif
 
 void uz_step_baseline(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows, bool cache,
-                      float* logits, float* prior) {
-  uz_step_impl<v4f, false>(net, sc, n, rows, cache, logits, prior);
+                      float* logits) {
+  uz_step_impl<v4f, false>(net, sc, n, rows, cache, logits);
 }
 
 #ifdef MZ_X86_AVX2_PATH
 __attribute__((target("avx2"))) void uz_step_avx2(const UzNet& net, UzScratch& sc, int64_t n,
-                                                  UzRows& rows, bool cache, float* logits,
-                                                  float* prior) {
-  uz_step_impl<v8f, false>(net, sc, n, rows, cache, logits, prior);
+                                                  UzRows& rows, bool cache, float* logits) {
+  uz_step_impl<v8f, false>(net, sc, n, rows, cache, logits);
 }
 
 // The opt-in FMA copy (see mlp_net.cpp): the linear layers and the decodes
 // fused; attention, LayerNorm, GELU and SimNorm stay the exact path's.
 __attribute__((target("avx2,fma"))) void uz_step_fma(const UzNet& net, UzScratch& sc, int64_t n,
-                                                     UzRows& rows, bool cache, float* logits,
-                                                     float* prior) {
-  uz_step_impl<v8f, true>(net, sc, n, rows, cache, logits, prior);
+                                                     UzRows& rows, bool cache, float* logits) {
+  uz_step_impl<v8f, true>(net, sc, n, rows, cache, logits);
 }
 #endif
 
@@ -658,12 +655,12 @@ UzScratch& thread_uz_scratch(const UzNet& net) {
 }
 
 void uz_step(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows, bool cache,
-             float* logits, float* prior, bool baseline, bool fma) {
+             float* logits, bool baseline, bool fma) {
 #ifdef MZ_X86_AVX2_PATH
-  if (fma && cpu_has_avx2_fma()) return uz_step_fma(net, sc, n, rows, cache, logits, prior);
-  if (!baseline && cpu_has_avx2()) return uz_step_avx2(net, sc, n, rows, cache, logits, prior);
+  if (fma && cpu_has_avx2_fma()) return uz_step_fma(net, sc, n, rows, cache, logits);
+  if (!baseline && cpu_has_avx2()) return uz_step_avx2(net, sc, n, rows, cache, logits);
 #endif
-  uz_step_baseline(net, sc, n, rows, cache, logits, prior);
+  uz_step_baseline(net, sc, n, rows, cache, logits);
 }
 
 void uz_roots(const UzNet& net, UzScratch& sc, int64_t B, const float* latents,

@@ -114,10 +114,10 @@ UzScratch& thread_uz_scratch(const UzNet& net);
 
 // search_step for n rows: cache mode when `cache`, else recompute. Writes
 // the children's latents / actions (and own K/V slots), c_length, slid,
-// reward, value, the policy logits [n, A] and the prior [n, A].
+// reward, value and the policy logits [n, A] (the prior is their
+// softmax_prior, fused_loop.h).
 void uz_step(const UzNet& net, UzScratch& sc, int64_t n, UzRows& rows,
-             bool cache, float* logits, float* prior, bool baseline = false,
-             bool fma = false);
+             bool cache, float* logits, bool baseline = false, bool fma = false);
 
 // The roots (model.root_from_latents after the packing): for each of B
 // contexts (latents + b * latent_stride [MB, E], actions + b * action_stride

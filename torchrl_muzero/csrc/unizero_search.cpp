@@ -1,8 +1,8 @@
-// The fused search for UniZeroModel: every simulation of a search in one call
-// (select with the given rules, the transformer step of unizero_net.h with
-// the per-node KV cache or a full recompute, expand and backup), the GIL
-// released throughout. Also the step's test hook (unizero_recurrent) and the
-// roots' forward (unizero_root, unizero_root_window), bound in tree_ops.cpp.
+// The fused search for UniZeroModel: the transformer step of unizero_net.h
+// (with the per-node KV cache or a full recompute) as a Search of
+// fused_loop.h's fused_search. Also the step's test hook (unizero_recurrent)
+// and the roots' forward (unizero_root, unizero_root_window), bound in
+// tree_ops.cpp.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
@@ -105,9 +105,10 @@ std::vector<at::Tensor> unizero_recurrent(
       if (cache)  // the parent's slots, copied into the child's buffer with it
         for (int64_t i = 0; i < in.length[b]; ++i) rows.slots[s][i] = rows.c_kv[s] + i * SF;
     }
-    uz_step(net, sc, n, rows, cache, logits.data_ptr<float>() + g * A,
-            prior.data_ptr<float>() + g * A, baseline, fma);
+    uz_step(net, sc, n, rows, cache, logits.data_ptr<float>() + g * A, baseline, fma);
     for (int64_t s = 0; s < n; ++s) {
+      softmax_prior(logits.data_ptr<float>() + (g + s) * A, A,
+                    prior.data_ptr<float>() + (g + s) * A);
       out_len.data_ptr<int64_t>()[g + s] = rows.c_length[s];
       reward.data_ptr<float>()[g + s] = rows.reward[s];
       value.data_ptr<float>()[g + s] = rows.value[s];
@@ -179,6 +180,70 @@ std::vector<at::Tensor> unizero_root_window(const std::vector<at::Tensor>& weigh
   return {latents, actions, length, kv, logits, value};
 }
 
+namespace {
+
+// UniZeroModel's Search (fused_loop.h): the node state is UzState's
+// [B, N, ...] arrays. In cache mode a leaf's context is gathered from the
+// K/V slots of the nodes that computed them, up the parent links; own_from
+// [B, N] (the first slot a node's own buffer holds: 0 for the root and for a
+// node whose context slid, else its parent's length) is shared by the chunks,
+// each writing its own trees' rows only.
+struct UzSearch {
+  const UzNet& net;
+  UzState st;
+  const int32_t* parent;
+  int64_t* own_from;
+  int64_t N;
+  bool cache, fma;
+
+  struct Group {
+    const UzSearch& f;
+    UzScratch& sc;  // thread_local: one per thread of the split
+    UzRows rows;
+    std::vector<float> logits;
+    std::vector<const float*> tables;
+
+    explicit Group(const UzSearch& search)
+        : f(search), sc(thread_uz_scratch(search.net)),
+          logits(static_cast<size_t>(kGroup * search.net.A)),
+          tables(static_cast<size_t>(kGroup * search.net.MT)) {}
+    void gather(int64_t s, int64_t b, const Leaf& l, int64_t n) {
+      const UzState& st = f.st;
+      const int64_t from = b * f.N + l.node, to = b * f.N + n;
+      const int64_t MB = f.net.MB, E = f.net.E, MT = f.net.MT, SF = f.net.slot_floats();
+      rows.action[s] = l.action;
+      rows.p_latents[s] = st.latents + from * MB * E;
+      rows.p_actions[s] = st.actions + from * MB;
+      rows.p_length[s] = st.length[from];
+      rows.c_latents[s] = st.latents + to * MB * E;
+      rows.c_actions[s] = st.actions + to * MB;
+      rows.slots[s] = tables.data() + s * MT;
+      rows.c_kv[s] = f.cache ? st.kv + to * MT * SF : nullptr;
+      if (!f.cache) return;
+      // The exact cache keyed by tree node: each slot of the leaf's
+      // context from the node that computed it, up the parent links.
+      for (int64_t m = l.node;;) {
+        const int64_t node = b * f.N + m;
+        for (int64_t i = f.own_from[node]; i < st.length[node]; ++i)
+          rows.slots[s][i] = st.kv + node * MT * SF + i * SF;
+        if (f.own_from[node] == 0) break;
+        m = f.parent[node];
+      }
+    }
+    void step(int64_t count) {
+      uz_step(f.net, sc, count, rows, f.cache, logits.data(), /*baseline=*/false, f.fma);
+    }
+    NodeOutput finish(int64_t s, int64_t b, int64_t n) const {
+      const int64_t to = b * f.N + n;
+      f.st.length[to] = rows.c_length[s];
+      f.own_from[to] = rows.slid[s] ? 0 : rows.p_length[s];
+      return {rows.reward[s], rows.value[s], logits.data() + s * f.net.A, nullptr};
+    }
+  };
+};
+
+}  // namespace
+
 // The whole search on a fresh tree whose root (node 0: children_prior,
 // children_logits, root_legal, raw_value and the node state) the caller has
 // filled: simulation s creates node s + 1, for s < N - 1, writing its state
@@ -190,86 +255,18 @@ std::vector<at::Tensor> unizero_root_window(const std::vector<at::Tensor>& weigh
 // them, and copying every ancestor's slots into every node moved ~65 MB per
 // search at B = 64. complete_node_states (modules/unizero/node_states.py)
 // rebuilds search_step's layout for whoever reads the states afterwards.
-void unizero_search(const at::Tensor& visit_count, const at::Tensor& value_sum,
-                    const at::Tensor& parent, const at::Tensor& action_from_parent,
-                    const at::Tensor& children_index, const at::Tensor& children_prior,
-                    const at::Tensor& children_reward, const at::Tensor& children_discount,
-                    const at::Tensor& children_logits, const at::Tensor& raw_value,
-                    const at::Tensor& min_q, const at::Tensor& max_q,
-                    const at::Tensor& root_legal, const at::Tensor& latents,
-                    const at::Tensor& actions, const at::Tensor& length,
-                    const c10::optional<at::Tensor>& kv, const std::vector<at::Tensor>& weights,
-                    const std::vector<int64_t>& ints, const std::vector<double>& floats,
-                    const std::string& root_rule, const std::vector<double>& root_params,
-                    const std::string& interior_rule,
-                    const std::vector<double>& interior_params, const Extra& extra,
-                    bool fma) {
-  TreeArrays t = check_tree(visit_count, value_sum, children_index, children_prior,
-                            children_reward, children_discount, min_q, max_q);
-  check_links(t, parent, action_from_parent);
-  check_descent_inputs(t, root_legal, children_logits, raw_value);
-  const RuleSpec root = parse_rule(root_rule, root_params, true);
-  const RuleSpec interior = parse_rule(interior_rule, interior_params, false);
-  const int64_t B = t.B, N = t.N, A = t.A;
+void unizero_search(const FusedCall& call, const at::Tensor& latents, const at::Tensor& actions,
+                    const at::Tensor& length, const c10::optional<at::Tensor>& kv,
+                    const std::vector<at::Tensor>& weights, const std::vector<int64_t>& ints,
+                    const std::vector<double>& floats) {
+  const TreeArrays& t = call.tree;
+  const int64_t B = t.B, N = t.N;
   const UzNet& net = pack_unizero(weights, ints, floats);
-  TORCH_CHECK(net.A == A, "unizero_search: the model has ", net.A, " actions, the tree ", A);
+  TORCH_CHECK(net.A == t.A, "unizero_search: the model has ", net.A, " actions, the tree ", t.A);
   const UzState st = check_state(net, latents, actions, length, kv, {B, N});
-  const bool cache = st.kv != nullptr;
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(t.vc[b * N] == 0 && (N < 2 || t.par[b * N + 1] == -1), "unizero_search: tree ",
-                b, " was searched already; pass a fresh tree from allocate_tree");
-    check_length(net, st.length[b * N], "a root");
-  }
-  const int64_t MB = net.MB, E = net.E, MT = net.MT, SF = net.slot_floats();
-
-  // own_from[node]: the first slot the node's own buffer holds (0 for the
-  // root and for a node whose context slid; else its parent's length). Shared
-  // by the chunks: each writes its own trees' rows only.
-  std::vector<int64_t> own_from(B * N, 0);
-  with_rules(root, interior, t, extra, [&](const auto& rr0, const auto& ir0) {
-    GilRelease no_gil;
-    for_row_chunks_with_rules(t.B, rr0, ir0, [&](int64_t b0, int64_t b1, auto& rr, auto& ir) {
-      UzScratch& sc = thread_uz_scratch(net);  // thread_local: one per thread of the split
-      UzRows rows;
-      std::vector<float> prior(kGroup * A), logits(kGroup * A);
-      std::vector<const float*> tables(kGroup * MT);
-      run_fused_simulations(
-          t, b0, b1, rr, ir,
-          [&](int64_t s, int64_t b, const Leaf& l, int64_t n) {
-            const int64_t from = b * N + l.node, to = b * N + n;
-            rows.action[s] = l.action;
-            rows.p_latents[s] = st.latents + from * MB * E;
-            rows.p_actions[s] = st.actions + from * MB;
-            rows.p_length[s] = st.length[from];
-            rows.c_latents[s] = st.latents + to * MB * E;
-            rows.c_actions[s] = st.actions + to * MB;
-            rows.slots[s] = tables.data() + s * MT;
-            rows.c_kv[s] = cache ? st.kv + to * MT * SF : nullptr;
-            if (!cache) return;
-            // The exact cache keyed by tree node: each slot of the leaf's
-            // context from the node that computed it, up the parent links.
-            for (int64_t m = l.node;;) {
-              const int64_t node = b * N + m;
-              for (int64_t i = own_from[node]; i < st.length[node]; ++i)
-                rows.slots[s][i] = st.kv + node * MT * SF + i * SF;
-              if (own_from[node] == 0) break;
-              m = t.par[node];
-            }
-          },
-          [&](int64_t count) {
-            uz_step(net, sc, count, rows, cache, logits.data(), prior.data(), /*baseline=*/false, fma);
-          },
-          [&](int64_t s, int64_t b, const Row& r, const Leaf& l, int64_t n) {
-            const int64_t to = b * N + n;
-            st.length[to] = rows.c_length[s];
-            own_from[to] = rows.slid[s] ? 0 : rows.p_length[s];
-            std::copy_n(logits.data() + s * A, A, r.lg + n * A);
-            r.rv[n] = rows.value[s];
-            expand_and_backup_in_tree(r, n, l.node, l.action, rows.reward[s], rows.value[s],
-                                      prior.data() + s * A, nullptr);
-          });
-    });
-  });
+  for (int64_t b = 0; b < B; ++b) check_length(net, st.length[b * N], "a root");
+  std::vector<int64_t> own_from(static_cast<size_t>(B * N), 0);
+  fused_search(call, UzSearch{net, st, t.par, own_from.data(), N, st.kv != nullptr, call.fma});
 }
 
 }  // namespace tree_ops
