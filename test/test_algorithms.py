@@ -59,8 +59,8 @@ def test_unknown_algorithm_and_foreign_keys_fail_at_start():
     with pytest.raises(ConfigError, match=r"'algo.name' is 'gumbel'\. Did you mean 'gumbel_muzero'\? Known "
                                           r"algorithms: muzero, efficientzero, gumbel_muzero, stochastic_muzero"):
         load_config({"algo": {"name": "gumbel"}})
-    with pytest.raises(ConfigError, match=r"'algo.gumbel_scale' \(2.0\) is a setting of gumbel_muzero, not of "
-                                          r"algo=efficientzero"):
+    with pytest.raises(ConfigError, match=r"'algo.gumbel_scale' \(2.0\) is a setting of gumbel_muzero / "
+                                          r"sampled_muzero / sampled_efficientzero, not of algo=efficientzero"):
         load_config({"algo": {"name": "efficientzero", "gumbel_scale": 2.0}})
     load_config({"algo": {"name": "gumbel_muzero", "gumbel_scale": 2.0}})  # its own key is fine
 

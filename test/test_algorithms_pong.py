@@ -10,7 +10,9 @@ from torchrl_muzero.trainers import AsyncTrainer
 from torchrl_muzero.trainers.hydra_entry import compose_config
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
-VARIANTS = [a for a in algorithm_names() if a != "muzero"]  # muzero: test_pong_e2e.py
+# muzero: test_pong_e2e.py; the sampled family has MLP networks only (no ResNet yet: a start on Pong is
+# refused in one line, test_bad_inputs.py's neighbours check that kind of refusal)
+VARIANTS = [a for a in algorithm_names() if a != "muzero" and not a.startswith("sampled_")]
 
 
 @pytest.mark.slow

@@ -161,9 +161,10 @@ def test_bad_input_fails_in_one_line(case, outcomes, targets):
     assert expected in lines[0], lines[0]
     if folder:
         assert after[name] == before[name], "a rejected start changed an existing run folder"
-    if name == "resnet-for-vectors":  # rejected once the env was probed: the run folder is not left behind
+    probed = ("resnet-for-vectors", "sampled-k-above-a", "discrete-only-on-pendulum")
+    if name in probed:  # rejected once the env was probed: the run folder is not left behind
         assert not (targets / "fresh").exists()
-    if name not in ("resume-other-model", "resnet-for-vectors"):  # checked before hydra starts: no output folder
+    if name not in ("resume-other-model", *probed):  # checked before hydra starts: no output folder
         assert not (workdirs[name] / "outputs").exists()
 
 
