@@ -222,3 +222,37 @@ def test_gumbel_over_the_sampled_candidates():
     # through the registry: algo.sampled_search=gumbel gives this search config
     run = load_config({"algo": {"name": "sampled_muzero", "sampled_search": "gumbel", "max_num_considered_actions": 4}})
     assert isinstance(get_algorithm("sampled_muzero").search_config(run), GumbelMCTSConfig)
+
+
+def test_reanalyze_stores_the_new_candidates_with_their_new_targets(tmp_path):
+    """A reanalysed position's policy target is over freshly drawn candidates: the batch carries those
+    candidates and their visits (normalised, the target), not the stored ones."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from pipeline_utils import tiny_config
+    from torchrl_muzero.trainers.builders import build_buffer, build_model, build_policy
+    from torchrl_muzero.trainers.config import load_config
+
+    cfg = load_config(tiny_config(tmp_path, **{"algo.name": "sampled_muzero", "algo.num_samples": 4,
+                                               "env.id": "Pendulum-v1", "env.name": "Pendulum",
+                                               "buffer.reanalyze_ratio": 1.0}))
+    model = build_model(cfg, (3,), PENDULUM)
+    policy = build_policy(cfg, model, Bounded(-2.0, 2.0, shape=(1,)), generator=torch.Generator().manual_seed(123))  # not the buffer's seed 0:
+    # the same seed would draw the same candidates for the same observations, and the test could not tell
+    buffer = build_buffer(cfg, action_space=PENDULUM)
+    T = 30
+    obs = torch.randn(T + 1, 3)
+    td = policy(TensorDict({"observation": obs[:-1]}, [T]))
+    done = torch.zeros(T, 1, dtype=torch.bool)
+    done[-1] = True
+    td.update({("collector", "traj_ids"): torch.zeros(T, dtype=torch.long), ("next", "observation"): obs[1:],
+               ("next", "reward"): -torch.ones(T, 1), ("next", "done"): done, ("next", "terminated"): done})
+    buffer.extend(td)
+    batch = buffer.sample(8, model=model, target_model=model, policy_version=0)
+    mask = batch["policy_mask"].bool()
+    visits = batch["root", "candidate_visits"][mask]
+    torch.testing.assert_close(visits / visits.sum(-1, keepdim=True), batch["target_policy"][mask])
+    stored = td["root", "candidates"]  # what acting drew: every reanalysed position drew anew
+    assert not any(bool((c == stored).all(-1).all(-1).any()) for c in batch["root", "candidates"][mask])

@@ -47,8 +47,7 @@ class _SpaceBuilder:
         check_action_space(self._algo, space)
         # the discrete-only algorithms' builders take the number of actions; one that supports boxes gets the
         # space, whatever its kind
-        takes_space = any(kind != "discrete" for kind in self._algo.action_kinds)
-        model = self._builder(cfg, observation_shape, space if takes_space else space.num_actions)
+        model = self._builder(cfg, observation_shape, space if self._algo.takes_action_space else space.num_actions)
         model.action_space = space
         return model
 
@@ -143,6 +142,13 @@ class Algorithm:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "build_model", _SpaceBuilder(self.build_model, self))  # frozen dataclass
+
+    @property
+    def takes_action_space(self) -> bool:
+        """Whether it supports more than discrete actions (the sampled family): its model builder gets the
+        env's ``ActionSpace`` whatever its kind, and its search may draw fewer slots than the env has
+        discrete actions (its buffer decodes stored actions with the env's count)."""
+        return any(kind != "discrete" for kind in self.action_kinds)
 
 
 def register(algorithm: Algorithm) -> Algorithm:

@@ -122,10 +122,12 @@ def sampled_buffer_kwargs(cfg) -> dict:
     """The reanalyze search and the entries hook that share its new candidates
     (:class:`~torchrl_muzero.mcts.sampled.SampledReanalysis`): a reanalysed position's stored candidates are
     replaced with the ones its new target is over."""
+    from torchrl_muzero.data import muzero_reanalyze
     from torchrl_muzero.mcts.sampled import SampledReanalysis
 
-    reanalysis = SampledReanalysis(sampled_search_config(cfg))
-    return {"reanalyze_search": reanalysis.search, "reanalyze_entries": reanalysis.hook}
+    reanalysis = SampledReanalysis()
+    return {"reanalyze_search": muzero_reanalyze(sampled_search_config(cfg), search=reanalysis.search),
+            "reanalyze_entries": reanalysis.hook}
 
 
 SAMPLED_MUZERO = register(

@@ -108,8 +108,9 @@ class SampledReanalysis:
     """The reanalyze search and the replay-entries hook of a sampled algorithm, sharing the new candidates.
 
     A reanalyze search draws new root candidates, and its policy target is over
-    those. ``search`` (the buffer's ``reanalyze_search``) runs
-    :func:`sampled_search` and keeps the candidates it drew; the hook (the
+    those. :meth:`search` is :func:`sampled_search` that keeps the candidates it
+    drew (the buffer's ``reanalyze_search`` is
+    ``muzero_reanalyze(config, search=reanalysis.search)``); :meth:`hook` (the
     buffer's ``reanalyze_entries``) writes them into the sampled batch at the
     reanalysed positions (the buffer calls the hook right after the search of
     the same sample, in the order of ``reanalyzed.nonzero()``), together with
@@ -117,26 +118,23 @@ class SampledReanalysis:
     from the same search (LightZero's ``reanalyze_outdated``).
 
     Examples:
+        >>> from torchrl_muzero.data import muzero_reanalyze
         >>> from torchrl_muzero.mcts import MCTSConfig
         >>> from torchrl_muzero.mcts.sampled import SampledReanalysis
-        >>> reanalysis = SampledReanalysis(MCTSConfig(num_simulations=4))
-        >>> callable(reanalysis.search), callable(reanalysis.hook)
+        >>> reanalysis = SampledReanalysis()
+        >>> reanalyze_search = muzero_reanalyze(MCTSConfig(num_simulations=4), search=reanalysis.search)
+        >>> callable(reanalyze_search), callable(reanalysis.hook)
         (True, True)
     """
 
-    def __init__(self, config: MCTSConfig) -> None:
-        self.config = config
+    def __init__(self) -> None:
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
 
-        def search(model, observation, action_mask, to_play, add_noise, generator, root=None) -> torch.Tensor:
-            extra = {} if root is None else {"root": root}
-            result = sampled_search(model, observation, config, action_mask=action_mask, to_play=to_play,
-                                    add_noise=add_noise, generator=generator, **extra)
-            self._last = (root_candidates(model, result).detach().cpu(), result.visit_counts.float().cpu())
-            return result.search_policy
-
-        search.config = config  # the buffer builds the root under this config's backend
-        self.search = search
+    def search(self, model, observation: torch.Tensor, config: MCTSConfig, **kwargs) -> SearchResult:
+        """:func:`sampled_search` (same arguments), keeping the roots' candidates and visits for :meth:`hook`."""
+        result = sampled_search(model, observation, config, **kwargs)
+        self._last = (root_candidates(model, result).detach().cpu(), result.visit_counts.float().cpu())
+        return result
 
     def hook(self, entries: TensorDict, info: Any) -> dict | None:
         """``reanalyze_entries``: the reanalysed positions' candidates and visits from the search just run."""

@@ -30,6 +30,7 @@ from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
 from torchrl_muzero.modules.policy_distribution import policy_distribution
+from torchrl_muzero.modules.tanh_normal import TanhNormalPolicy
 from torchrl_muzero.objectives.efficientzero import EfficientZeroLoss
 from torchrl_muzero.objectives.muzero import MuZeroLoss
 from torchrl_muzero.objectives.terms import LossTerm
@@ -56,10 +57,6 @@ class SampledPolicyLoss:
         >>> SampledMuZeroLoss._AcceptedKeys().candidates
         ('root', 'candidates')
     """
-
-    @dataclass
-    class _AcceptedKeys:
-        candidates: NestedKey = ("root", "candidates")
 
     def _init_sampled(self, policy_entropy_loss_weight: float) -> None:
         if not (float(policy_entropy_loss_weight) >= 0.0 and float(policy_entropy_loss_weight) < float("inf")):
@@ -126,10 +123,9 @@ class SampledPolicyLoss:
 
 
 def _entropy(policy, num_samples: int) -> torch.Tensor:
-    try:
+    if isinstance(policy, TanhNormalPolicy):  # no closed form: a Monte-Carlo estimate
         return policy.entropy(num_samples=num_samples)
-    except TypeError:  # a categorical's entropy is exact, it takes no sample count
-        return policy.entropy()
+    return policy.entropy()  # a categorical's is exact
 
 
 class SampledMuZeroLoss(SampledPolicyLoss, MuZeroLoss):

@@ -127,8 +127,7 @@ def build_buffer(cfg: TrainConfig, seed: int | None = None, action_space: "Actio
         kwargs["extra_entries"] = [*kwargs.get("extra_entries", ()), *entries]
     # a box: the float env actions; an algorithm that may search fewer slots than the env's discrete actions
     # (the sampled family): the env's action count decodes the stored actions
-    if action_space is not None and (not action_space.is_discrete
-                                     or any(kind != "discrete" for kind in algo.action_kinds)):
+    if action_space is not None and (not action_space.is_discrete or algo.takes_action_space):
         kwargs["action_space"] = action_space
     return GameBuffer(
         b.capacity,
