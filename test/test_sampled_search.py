@@ -11,6 +11,7 @@ from torchrl_muzero.modules import EfficientZeroMLPModel, MuZeroMLPModel
 from torchrl_muzero.modules.policy_distribution import policy_distribution
 from torchrl_muzero.modules.sampled import SampledModel
 from torchrl_muzero.modules.sampled_proposal import SampledProposal
+from torchrl_muzero.modules.tanh_normal import TanhNormalPolicy
 from torchrl_muzero.objectives.sampled import SampledMuZeroLoss
 
 PENDULUM = BoxActionSpace(-2.0, 2.0, (1,))
@@ -256,3 +257,60 @@ def test_reanalyze_stores_the_new_candidates_with_their_new_targets(tmp_path):
     torch.testing.assert_close(visits / visits.sum(-1, keepdim=True), batch["target_policy"][mask])
     stored = td["root", "candidates"]  # what acting drew: every reanalysed position drew anew
     assert not any(bool((c == stored).all(-1).all(-1).any()) for c in batch["root", "candidates"][mask])
+
+
+def test_reanalyze_keep_candidates_searches_the_stored_ones_again(tmp_path):
+    """algo.reanalyze_candidates=keep: a reanalysed position's target is a new search over its *stored*
+    candidates (the batch carries them unchanged, with the new visits as its target)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from pipeline_utils import tiny_config
+    from torchrl_muzero.trainers.builders import build_buffer, build_model, build_policy
+    from torchrl_muzero.trainers.config import load_config
+
+    cfg = load_config(tiny_config(tmp_path, **{"algo.name": "sampled_muzero", "algo.num_samples": 4,
+                                               "env.id": "Pendulum-v1", "env.name": "Pendulum",
+                                               "buffer.reanalyze_ratio": 1.0, "algo.reanalyze_candidates": "keep",
+                                               "mcts.num_simulations": 16}))
+    model = build_model(cfg, (3,), PENDULUM)
+    policy = build_policy(cfg, model, Bounded(-2.0, 2.0, shape=(1,)), generator=torch.Generator().manual_seed(123))
+    buffer = build_buffer(cfg, action_space=PENDULUM)
+    assert buffer.reanalyze_search.reads_stored
+    T = 30
+    obs = torch.randn(T + 1, 3)
+    td = policy(TensorDict({"observation": obs[:-1]}, [T]))
+    done = torch.zeros(T, 1, dtype=torch.bool)
+    done[-1] = True
+    td.update({("collector", "traj_ids"): torch.zeros(T, dtype=torch.long), ("next", "observation"): obs[1:],
+               ("next", "reward"): -torch.ones(T, 1), ("next", "done"): done, ("next", "terminated"): done})
+    buffer.extend(td)
+    batch = buffer.sample(8, model=model, target_model=model, policy_version=0)
+    mask = batch["policy_mask"].bool()
+    visits = batch["root", "candidate_visits"][mask]
+    torch.testing.assert_close(visits / visits.sum(-1, keepdim=True), batch["target_policy"][mask])
+    stored = td["root", "candidates"]
+    # every reanalysed position kept candidates acting stored (the same set, slot by slot)
+    for c in batch["root", "candidates"][mask]:
+        assert bool((c == stored).all(-1).all(-1).any())
+
+
+def test_prior_at_given_candidates():
+    """SampledProposal.prior_at: pi over a fixed stored set (paper), 1/K (uniform), padding and illegal -inf."""
+    from torchrl_muzero.modules import CategoricalPolicy
+
+    box = TanhNormalPolicy(torch.zeros(2, 1), torch.ones(2, 1), -2.0, 2.0)
+    candidates = torch.tensor([[[0.0], [1.5], [-0.5]], [[0.1], [0.2], [0.3]]])
+    logits = SampledProposal(num_samples=3).prior_at(box, candidates)
+    torch.testing.assert_close(logits, box.log_prob(candidates))
+    assert torch.equal(SampledProposal(num_samples=3, prior="uniform").prior_at(box, candidates), torch.zeros(2, 3))
+    pi = CategoricalPolicy.from_logits(torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]])))
+    legal = torch.tensor([[True, True, False, True]])
+    out = SampledProposal(num_samples=4).prior_at(pi, torch.tensor([[3, 2, 3, 0]]), legal=legal)
+    assert torch.isinf(out[0, 1]) and torch.isinf(out[0, 2])  # illegal; a repeat (padding)
+    torch.testing.assert_close(torch.softmax(out, -1)[0, [0, 3]], torch.tensor([0.2, 0.8]))
+    with_replacement = SampledProposal(num_samples=4, replacement=True).prior_at(pi, torch.tensor([[3, 0, 3, 0]]))
+    assert bool(torch.isfinite(with_replacement).all())  # repeats are real draws with replacement
+    with pytest.raises(ValueError, match="candidates"):
+        SampledProposal(num_samples=2).prior_at(box, candidates)

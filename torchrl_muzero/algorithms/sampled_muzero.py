@@ -23,7 +23,7 @@ __all__ = ["SAMPLED_KEYS", "SAMPLED_MUZERO", "sampled_buffer_kwargs", "sampled_m
 #: the ``algo.*`` keys every sampled algorithm reads
 SAMPLED_KEYS = ("num_samples", "sampled_prior", "proposal_temperature", "sample_with_replacement",
                 "widened_fraction", "widen_factor", "fixed_sigma", "policy_entropy_weight", "policy_loss",
-                "sampled_search", "max_num_considered_actions", "gumbel_scale", "value_scale", "maxvisit_init")
+                "sampled_search", "reanalyze_candidates", "max_num_considered_actions", "gumbel_scale", "value_scale", "maxvisit_init")
 
 
 def sampled_proposal(cfg):
@@ -36,9 +36,12 @@ def sampled_proposal(cfg):
                            widen_factor=a.widen_factor)
 
 
-def sampled_model(cfg, space, base_class, **base_kwargs):
+def sampled_model(cfg, space, base_class, network_kwargs: dict | None = None, **base_kwargs):
     """``base_class`` (an MLP network of the family) wrapped as a :class:`~torchrl_muzero.modules.sampled.SampledModel`
-    for the env's action ``space`` (a box: continuous actions into the dynamics, a ``2 * D`` policy head)."""
+    for the env's action ``space`` (a box: continuous actions into the dynamics, a ``2 * D`` policy head).
+
+    ``network_kwargs``: the base's own settings (default the ``model.*`` MLP's, ``mlp_kwargs``; UniZero
+    passes its transformer's)."""
     from torchrl_muzero.modules.sampled import SampledModel, policy_head_width
 
     if cfg.model.kind != "mlp":
@@ -63,7 +66,8 @@ def sampled_model(cfg, space, base_class, **base_kwargs):
                           f"are {space.describe()}.")
     action_dim = None if space.is_discrete else int(space.shape[0])
     observation_shape = base_kwargs.pop("observation_shape")
-    base = base_class(observation_shape, policy_head_width(space), action_dim=action_dim, **mlp_kwargs(cfg),
+    network_kwargs = mlp_kwargs(cfg) if network_kwargs is None else network_kwargs
+    base = base_class(observation_shape, policy_head_width(space), action_dim=action_dim, **network_kwargs,
                       **base_kwargs)
     sigma = cfg.algo.fixed_sigma if cfg.algo.fixed_sigma > 0 else None
     return SampledModel(base, space, sampled_proposal(cfg), sigma=sigma)
@@ -121,12 +125,14 @@ def sampled_replay_entries(cfg, space) -> list:
 def sampled_buffer_kwargs(cfg) -> dict:
     """The reanalyze search and the entries hook that share its new candidates
     (:class:`~torchrl_muzero.mcts.sampled.SampledReanalysis`): a reanalysed position's stored candidates are
-    replaced with the ones its new target is over."""
+    replaced with the ones its new target is over (``algo.reanalyze_candidates=resample``), or searched again
+    and kept (``keep``)."""
     from torchrl_muzero.data import muzero_reanalyze
     from torchrl_muzero.mcts.sampled import SampledReanalysis
 
-    reanalysis = SampledReanalysis()
-    return {"reanalyze_search": muzero_reanalyze(sampled_search_config(cfg), search=reanalysis.search),
+    reanalysis = SampledReanalysis(keep_candidates=cfg.algo.reanalyze_candidates == "keep")
+    return {"reanalyze_search": muzero_reanalyze(sampled_search_config(cfg), search=reanalysis.search,
+                                                 reads_stored=reanalysis.reads_stored),
             "reanalyze_entries": reanalysis.hook}
 
 

@@ -11,7 +11,10 @@ Two kinds, both batched into one model call per :meth:`GameBuffer.sample
   to_play [n] | None, add_noise: bool, generator) -> policy [n, A]``
 
   so that each MuZero variant (Gumbel, sampled, stochastic, ...) plugs in its
-  own search while the buffer stays the same. :func:`muzero_reanalyze` makes
+  own search while the buffer stays the same. A search whose
+  ``reads_stored`` attribute is true also gets ``stored=``: the positions'
+  declared replay entries as stored (Sampled MuZero's keep-candidates option
+  searches the stored root candidates again). :func:`muzero_reanalyze` makes
   the default one (plain MuZero :func:`~torchrl_muzero.mcts.search`). The
   buffer hands it inputs already on the model's device, the model in eval
   mode under ``torch.no_grad()``, and a ``generator`` only when that device
@@ -36,7 +39,8 @@ ReanalyzeSearch = Callable[
 ]
 
 
-def muzero_reanalyze(config: Any, search: Callable[..., Any] | None = None) -> ReanalyzeSearch:
+def muzero_reanalyze(config: Any, search: Callable[..., Any] | None = None,
+                     reads_stored: bool = False) -> ReanalyzeSearch:
     """A reanalyze search from a MuZero-style search function; by default :func:`~torchrl_muzero.mcts.search`.
 
     Args:
@@ -48,6 +52,9 @@ def muzero_reanalyze(config: Any, search: Callable[..., Any] | None = None) -> R
             its ``search_policy`` (normalised root visit counts) is the target.
             When the buffer has a ``root_memory`` it also passes ``root=``
             (the history-window root), which ``search`` must then take.
+        reads_stored: ``search`` also takes ``stored=`` (a TensorDict
+            ``[n]`` of the positions' declared replay entries as stored); the
+            buffer passes it when the algorithm declares entries.
 
     Examples:
         >>> import torch
@@ -61,18 +68,22 @@ def muzero_reanalyze(config: Any, search: Callable[..., Any] | None = None) -> R
         (torch.Size([5, 2]), True)
     """
 
-    def search_policy(model, observation, action_mask, to_play, add_noise, generator, root=None) -> torch.Tensor:
+    def search_policy(model, observation, action_mask, to_play, add_noise, generator, root=None,
+                      stored=None) -> torch.Tensor:
         run = search
         if run is None:
             from torchrl_muzero.mcts import search as run  # imported late: the search package is heavier
 
         # root= only when the buffer built one (a history window): a search without that argument still works
         extra = {} if root is None else {"root": root}
+        if reads_stored:
+            extra["stored"] = stored
         result = run(model, observation, config, action_mask=action_mask, to_play=to_play,
                      add_noise=add_noise, generator=generator, **extra)
         return result.search_policy
 
     search_policy.config = config  # for inspection, and reanalyze_policies builds the root under its backend
+    search_policy.reads_stored = bool(reads_stored)  # reanalyze_policies passes stored= only to such a search
     return search_policy
 
 
@@ -142,6 +153,7 @@ def reanalyze_policies(
     device: torch.device | None = None,
     memory: Any = None,
     history: TensorDictBase | None = None,
+    stored: TensorDictBase | None = None,
 ) -> torch.Tensor:
     """Run ``search`` on ``observation`` ``[n, *obs]``; the policies ``[n, A]`` as float32 on the CPU.
 
@@ -150,7 +162,9 @@ def reanalyze_policies(
     ``[n]`` (:mod:`torchrl_muzero.data.root_history`) the search starts from
     ``memory.root(...)``, the root acting builds, passed as ``root=``; a
     ``search`` that names its ``config`` (:func:`muzero_reanalyze`'s) builds it
-    under that config's backend (``"torch"``: not in the C++ kernel). Raises
+    under that config's backend (``"torch"``: not in the C++ kernel). A search
+    that ``reads_stored`` gets ``stored`` ``[n]`` (the positions' declared
+    replay entries, on the model's device). Raises
     ``ValueError`` when the search returns another shape than ``[n, num_actions]``.
     """
     dev = model_device(model, device)
@@ -160,6 +174,11 @@ def reanalyze_policies(
         extra = {}
         if memory is not None:
             extra["root"] = memory.root(model, obs, history.to(dev))
+        if getattr(search, "reads_stored", False):
+            if stored is None:
+                raise ValueError("the reanalyze search reads the stored replay entries (reads_stored=True), but "
+                                 "the buffer declares none: give the buffer the algorithm's replay entries.")
+            extra["stored"] = stored.to(dev)
         policy = search(
             model,
             obs,
@@ -184,6 +203,7 @@ def bootstrap_values(
     device: torch.device | None = None,
     memory: Any = None,
     history: TensorDictBase | None = None,
+    stored: TensorDictBase | None = None,
 ) -> torch.Tensor:
     """``model``'s value estimate ``[n]`` (float32, CPU) of ``observation`` ``[n, *obs]``.
 

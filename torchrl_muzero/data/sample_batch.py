@@ -120,6 +120,8 @@ def assemble_batch(
 
     # policy targets
     target_policy = torch.where(step_k.unsqueeze(-1), head["search_policy"].cpu(), zero)
+    # the declared per-step entries as stored, at the unrolled positions like target_policy
+    entries = batch_entries(head, step_k, buffer.extra_entries) if buffer.extra_entries else None
     re_obs = None  # the reanalyzed positions' observations (for a reanalyze_entries hook)
     if re_pos is not None and bool(re_pos.any()):
         idx = pieces.pop(0)
@@ -133,9 +135,10 @@ def assemble_batch(
             )
         re_obs = obs_unique[idx]
         search = resolve_reanalyze_search(buffer.reanalyze_search, buffer.mcts_config, buffer.discount)
+        stored = entries[re_pos] if entries is not None else None
         target_policy[re_pos] = reanalyze_policies(
             search, model, re_obs, mask, to_play, add_noise=buffer.reanalyze_noise,
-            generator=g, num_actions=A, device=buffer.device, memory=memory, history=history,
+            generator=g, num_actions=A, device=buffer.device, memory=memory, history=history, stored=stored,
         )
 
     if spec.action_dim is None:
@@ -164,9 +167,7 @@ def assemble_batch(
         },
         batch_size=[B, K + 1],
     )
-    entries = None
-    if buffer.extra_entries:  # the declared per-step entries, at the unrolled positions like target_policy
-        entries = batch_entries(head, step_k, buffer.extra_entries)
+    if entries is not None:
         if buffer.reanalyze_entries is not None:
             reanalyzed = re_pos if re_obs is not None else torch.zeros_like(step_k)
             info = EntryReanalysis(model, reanalyzed, re_obs, out["policy_mask"], target_policy)
@@ -196,7 +197,8 @@ def _history(buffer: GameBuffer, window: tuple[torch.Tensor, torch.Tensor], obse
     ``observations [M * L, *obs]`` and the stored actions of its rows."""
     slots, valid = window
     M, L = slots.shape
-    actions = buffer.store.steps(slots.reshape(-1))["action"].cpu().reshape(M, L)
+    actions = buffer.store.steps(slots.reshape(-1))["action"].cpu()
+    actions = actions.reshape(M, L, *actions.shape[1:])  # indices [M, L], or a box's floats [M, L, D]
     # the memory acting would carry there, from the window's steps (the memory's own packing)
     return buffer.root_memory.memory_from_steps(observations.reshape(M, L, *observations.shape[1:]), actions,
                                                 valid.sum(1))

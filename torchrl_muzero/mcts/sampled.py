@@ -20,6 +20,7 @@ positions are replaced with the ones the new policy target is over.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -46,14 +47,17 @@ def sampled_root_search(
     two_player: bool = False,
     add_noise: bool = True,
     generator: torch.Generator | None = None,
+    root_candidates: torch.Tensor | None = None,
 ) -> SearchResult:
     """Draw the root's ``K`` candidates (legal ones only, from ``action_mask [B, A]`` over the env's
     actions), then MuZero's policy over the slots (a :class:`~torchrl_muzero.mcts.gumbel.GumbelMCTSConfig`:
     Gumbel MuZero's, as EfficientZero V2 searches its sampled candidates); ``action`` is the chosen slot.
+    Given ``root_candidates [B, K, *action]`` the root searches those instead of drawing (the interior
+    nodes still draw).
 
     The slots a discrete root pads (fewer legal actions than ``K``) are masked
     for the noise and never selected (their logit is ``-inf``)."""
-    node = model.sample_node(root, generator=generator, legal=action_mask)
+    node = model.sample_node(root, generator=generator, legal=action_mask, candidates=root_candidates)
     slot_legal = node.policy_logits > -torch.inf
     if isinstance(config, GumbelMCTSConfig):
         # EfficientZero V2's search: Gumbel noise and Sequential Halving over the K sampled root candidates,
@@ -72,13 +76,15 @@ def sampled_search(
     add_noise: bool = True,
     generator: torch.Generator | None = None,
     root: ModelStep | None = None,
+    root_candidates: torch.Tensor | None = None,
 ) -> SearchResult:
     """Sampled MuZero's search for ``B`` observations (:func:`~torchrl_muzero.mcts.search`'s signature).
 
     ``model`` is a :class:`~torchrl_muzero.modules.sampled.SampledModel`;
     ``visit_counts`` / ``search_policy`` are over its ``K`` root slots, whose
     env actions are ``slot_candidates(model.slot_actions, result.tree.embeddings[:, 0], K)``
-    (:func:`root_candidates`).
+    (:func:`root_candidates`). ``root_candidates [B, K, *action]``: search these at the root instead
+    of drawing new ones (a reanalyze that keeps the stored candidates).
 
     Examples:
         >>> import torch
@@ -95,7 +101,9 @@ def sampled_search(
         >>> out.visit_counts.sum(-1), root_candidates(model, out).shape
         (tensor([8, 8]), torch.Size([2, 4, 1]))
     """
-    return search_observations(sampled_root_search, "sampled_search", model, observation, config, action_mask,
+    policy = sampled_root_search if root_candidates is None else partial(sampled_root_search,
+                                                                         root_candidates=root_candidates)
+    return search_observations(policy, "sampled_search", model, observation, config, action_mask,
                                to_play, add_noise, generator, root=root)
 
 
@@ -117,6 +125,15 @@ class SampledReanalysis:
     their new visit counts, so that each target and its candidates always come
     from the same search (LightZero's ``reanalyze_outdated``).
 
+    ``keep_candidates=True`` (``algo.reanalyze_candidates=keep``) searches each
+    position's *stored* candidates again instead of drawing new ones (the
+    buffer hands them to :meth:`search` as ``stored=``: build the buffer's
+    search with ``muzero_reanalyze(config, search=reanalysis.search,
+    reads_stored=reanalysis.reads_stored)``); the new visits replace the
+    stored ones, the candidates stay. Their prior is the current policy over
+    that fixed set (:meth:`~torchrl_muzero.modules.sampled_proposal.SampledProposal.prior_at`):
+    the proposal they were drawn from is not known any more.
+
     Examples:
         >>> from torchrl_muzero.data import muzero_reanalyze
         >>> from torchrl_muzero.mcts import MCTSConfig
@@ -127,11 +144,26 @@ class SampledReanalysis:
         (True, True)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep_candidates: bool = False) -> None:
+        if not isinstance(keep_candidates, bool):
+            raise TypeError(f"SampledReanalysis: keep_candidates must be True or False, got {keep_candidates!r}.")
+        self.keep_candidates = keep_candidates
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def search(self, model, observation: torch.Tensor, config: MCTSConfig, **kwargs) -> SearchResult:
-        """:func:`sampled_search` (same arguments), keeping the roots' candidates and visits for :meth:`hook`."""
+    @property
+    def reads_stored(self) -> bool:
+        """Whether :meth:`search` needs the stored entries (``stored=``): with ``keep_candidates``."""
+        return self.keep_candidates
+
+    def search(self, model, observation: torch.Tensor, config: MCTSConfig, stored: TensorDict | None = None,
+               **kwargs) -> SearchResult:
+        """:func:`sampled_search` (same arguments), keeping the roots' candidates and visits for :meth:`hook`;
+        with ``keep_candidates`` the root searches ``stored``'s candidates ``[n, K, *action]``."""
+        if self.keep_candidates:
+            if stored is None:
+                raise ValueError("SampledReanalysis(keep_candidates=True).search needs stored= (the positions' "
+                                 "stored entries): build the reanalyze search with reads_stored=True.")
+            kwargs["root_candidates"] = stored.get(CANDIDATES_KEY)
         result = sampled_search(model, observation, config, **kwargs)
         self._last = (root_candidates(model, result).detach().cpu(), result.visit_counts.float().cpu())
         return result

@@ -154,23 +154,34 @@ class SampledModel(nn.Module):
         return TanhNormalPolicy.from_params(policy_logits, self.action_low, self.action_high, sigma=self.sigma)
 
     def sample_node(self, step: ModelStep, generator: torch.Generator | None = None,
-                    legal: torch.Tensor | None = None, proposal: SampledProposal | None = None) -> ModelStep:
+                    legal: torch.Tensor | None = None, proposal: SampledProposal | None = None,
+                    candidates: torch.Tensor | None = None) -> ModelStep:
         """``step`` (a base's node: policy head output as logits) with ``K`` candidates drawn, as the search
         stores it: the slot logits as its prior logits, the candidates in its state.
 
         ``legal [B, A]`` (discrete) restricts the draws; ``proposal`` overrides the model's for this node
-        (the root's noise or temperature)."""
+        (the root's noise or temperature). Given ``candidates [B, K, *action]`` (a position's stored ones,
+        which a reanalyze search keeps) nothing is drawn: the prior over them is
+        :meth:`~torchrl_muzero.modules.sampled_proposal.SampledProposal.prior_at`'s."""
         proposal = self.proposal if proposal is None else proposal
         policy = self.policy_distribution(step.policy_logits.float())
-        candidates, slot_logits = proposal.draw(policy, generator=generator, legal=legal)
+        if candidates is None:
+            candidates, slot_logits = proposal.draw(policy, generator=generator, legal=legal)
+        else:
+            dtype = torch.long if self.action_space.is_discrete else torch.float32
+            candidates = candidates.to(device=step.policy_logits.device, dtype=dtype)
+            slot_logits = proposal.prior_at(policy, candidates, legal=legal)
         B = step.policy_logits.shape[0]
         state = TensorDict({_NODE: step.state, _CANDIDATES: candidates}, batch_size=[B])
         return ModelStep(state, step.reward, slot_logits, step.value, step.discount)
 
     @torch.no_grad()
-    def search_root(self, observation: torch.Tensor) -> ModelStep:
-        """The base's root (its policy head output as logits, no candidates yet: :meth:`sample_node`)."""
-        return self.base.search_root(observation)
+    def search_root(self, observation: torch.Tensor, *history: torch.Tensor) -> ModelStep:
+        """The base's root (its policy head output as logits, no candidates yet: :meth:`sample_node`).
+
+        ``history``: what a base that acts from history takes after the observation (UniZero's
+        ``actions, valid`` of a window, from :class:`~torchrl_muzero.mcts.history_memory.HistoryWindowMemory`)."""
+        return self.base.search_root(observation, *history)
 
     @torch.no_grad()
     def search_step(self, state: TensorDictBase, action: torch.Tensor, generator: torch.Generator | None = None
@@ -185,6 +196,10 @@ class SampledModel(nn.Module):
         return None
 
     # -- what training sees: the base, along the env's actions ---------------------------------------
+    def forward(self, *args, **kwargs):
+        """The base's own forward (UniZero's training forward over a whole segment, ``UniZeroLoss._unroll``)."""
+        return self.base(*args, **kwargs)
+
     def initial_inference(self, observation: torch.Tensor):
         """The base's ``initial_inference``: ``(latent, policy head output, value_logits)``."""
         return self.base.initial_inference(observation)

@@ -186,6 +186,54 @@ class SampledProposal:
             return self._draw_discrete(policy, generator, legal, proposal_policy)
         raise TypeError(f"SampledProposal.draw: no sampling rule for a {type(policy).__name__}.")
 
+    def prior_at(self, policy: PolicyDistribution, candidates: torch.Tensor,
+                 legal: torch.Tensor | None = None) -> torch.Tensor:
+        """The slot logits ``[..., K]`` of *given* candidates (drawn earlier, by another policy): a reanalyze
+        search that keeps a position's stored candidates (``algo.reanalyze_candidates=keep``).
+
+        The proposal those candidates came from is not known any more, so the
+        paper's correction ``beta_hat / beta`` cannot be formed: the stored set
+        is searched as a fixed action set, whose prior is ``pi`` itself over it
+        (``prior="paper"``: ``log pi(a_k)``, which the search's softmax
+        normalises over the slots; for a discrete set, ``pi``'s logits, as for a
+        drawn set that covers its node's actions); ``prior="uniform"``: ``1/K``.
+        A discrete slot the search must never select gets ``-inf``: an action
+        ``legal [..., A]`` forbids, and, without replacement, a repeat of an
+        earlier slot's action (the padding :meth:`draw` writes).
+
+        Examples:
+            >>> import torch
+            >>> from torchrl_muzero.modules.sampled_proposal import SampledProposal
+            >>> from torchrl_muzero.modules import CategoricalPolicy
+            >>> pi = CategoricalPolicy.from_logits(torch.log(torch.tensor([[0.5, 0.3, 0.2]])))
+            >>> logits = SampledProposal(num_samples=3).prior_at(pi, torch.tensor([[2, 0, 2]]))  # slot 2: padding
+            >>> torch.softmax(logits, -1)
+            tensor([[0.2857, 0.7143, 0.0000]])
+        """
+        if candidates.shape[-1 if isinstance(policy, CategoricalPolicy) else -2] != self.num_samples:
+            raise ValueError(f"SampledProposal.prior_at: {tuple(candidates.shape)} candidates, expected "
+                             f"{self.num_samples} per node.")
+        if isinstance(policy, TanhNormalPolicy):
+            if legal is not None:
+                raise ValueError("SampledProposal.prior_at: legal masks apply to categorical policies only.")
+            if self.prior == "uniform":
+                return torch.zeros(candidates.shape[:-1], dtype=torch.float32, device=candidates.device)
+            return policy.log_prob(candidates)
+        if not isinstance(policy, CategoricalPolicy):
+            raise TypeError(f"SampledProposal.prior_at: no prior rule for a {type(policy).__name__}.")
+        candidates = candidates.long()
+        logits = policy.logits
+        allowed = logits > -math.inf
+        if legal is not None:
+            allowed = allowed & legal.bool()
+        valid = allowed.gather(-1, candidates)
+        if not self.replacement:  # a repeated action is padding: only its first slot is searched
+            earlier = candidates.unsqueeze(-1) == candidates.unsqueeze(-2)  # [..., K, K]: slot i == slot j
+            valid = valid & ~torch.tril(earlier, diagonal=-1).any(-1)
+        slot_logits = torch.zeros(candidates.shape, dtype=logits.dtype, device=logits.device) \
+            if self.prior == "uniform" else logits.gather(-1, candidates)
+        return slot_logits.masked_fill(~valid, -math.inf)
+
     # -- continuous --------------------------------------------------------------------------------
     def _draw_box(
         self, policy: TanhNormalPolicy, generator: torch.Generator | None, proposal: TanhNormalPolicy | None

@@ -64,7 +64,7 @@ class AlgoConfig:
     """
 
     name: str = "muzero"  # muzero | efficientzero | gumbel_muzero | stochastic_muzero | muzero_context
-    # | muzero_rnn_full_obs | unizero | sampled_muzero | sampled_efficientzero
+    # | muzero_rnn_full_obs | unizero | sampled_muzero | sampled_efficientzero | sampled_unizero
     # efficientzero: value-prefix LSTM, reset every lstm_horizon_len steps (training and search)
     lstm_horizon_len: int = 5
     lstm_hidden_size: int = 64
@@ -90,7 +90,7 @@ class AlgoConfig:
     context_length_init: int = 4
     # muzero_rnn_full_obs: GRU units of the dynamics and prediction (LightZero's Pong config: 4096)
     rnn_hidden_size: int = 64
-    # unizero (LightZero's CartPole defaults): the transformer world model
+    # unizero, sampled_unizero (LightZero's CartPole defaults): the transformer world model
     embed_dim: int = 64
     num_layers: int = 2
     num_heads: int = 2
@@ -115,7 +115,7 @@ class AlgoConfig:
     policy_ls_eps_start: float = 0.0  # policy label smoothing, linear start -> end over the steps (0: off)
     policy_ls_eps_end: float = 0.01
     policy_ls_eps_decay_steps: int = 50_000
-    # sampled_muzero / sampled_efficientzero (Hubert et al. 2021): K actions drawn at each node, searched as slots
+    # sampled_muzero / sampled_efficientzero / sampled_unizero (Hubert et al. 2021): K actions drawn at each node, searched as slots
     num_samples: int = 20  # K (LightZero's Pendulum configs: 20)
     sampled_prior: str = "paper"  # paper: (beta_hat / beta) * pi over the slots | uniform: 1 / K (LightZero's)
     proposal_temperature: float = 1.0  # beta = pi at this temperature (1: the policy itself)
@@ -127,6 +127,9 @@ class AlgoConfig:
     # puct: MuZero's search over the K slots; gumbel: EfficientZero V2's (Gumbel noise, Sequential Halving over
     # the sampled root candidates, the improved policy as target; the gumbel_muzero keys above apply)
     sampled_search: str = "puct"
+    # reanalyze: resample (draw new root candidates, store them with the new target) | keep (search the stored
+    # candidates again, store the new visits over them)
+    reanalyze_candidates: str = "resample"
 
 
 @dataclass
@@ -303,6 +306,7 @@ _KNOWN_CHOICES = {
     "algo.policy_loss": ("cross_entropy", "kl"),
     "algo.sampled_prior": ("paper", "uniform"),
     "algo.sampled_search": ("puct", "gumbel"),
+    "algo.reanalyze_candidates": ("resample", "keep"),
     "mcts.backend": ("auto", "torch", "cpp"),
     "mcts.kernel_precision": ("exact", "fma"),
     "logger.backend": ("csv", "tensorboard", "wandb", "none"),
