@@ -70,16 +70,17 @@ setup(
         "tqdm",
         "hydra-core>=1.3",
         "matplotlib",
+        # Atari (env=Pong, the product's headline command) needs nothing more: ale-py's wheels ship the ROMs
+        "ale-py>=0.10",
     ],
     extras_require={
-        "atari": ["ale-py>=0.10"],
+        "atari": [],  # kept so that `pip install 'torchrl_muzero[atari]'` still works: ale-py is a core dependency
         "dmc": ["dm-control"],
         "ray": ["ray>=2.40"],
         # ray: the Ray backend's tests (test/test_ray_backend.py, ~3.5 min on 2 cores) run in CI too
         # pytest-xdist: test/conftest.py runs the suite in two worker processes when it is installed
         # dm-control: the DeepMind Control tests (test/test_env_dmc.py) run in CI too (wheels, no native build)
-        "dev": ["pytest", "pytest-benchmark", "pytest-timeout", "pytest-xdist>=3.5", "ale-py>=0.10", "ray>=2.40",
-                "dm-control"],
+        "dev": ["pytest", "pytest-benchmark", "pytest-timeout", "pytest-xdist>=3.5", "ray>=2.40", "dm-control"],
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,

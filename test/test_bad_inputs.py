@@ -47,7 +47,7 @@ def targets(tmp_path_factory):
         (root / name / "ckpt").mkdir(parents=True)
         (root / name / "ckpt" / "last.pt").write_bytes(data)
     (root / "a_file.txt").write_text("not a folder")
-    fake_ale = root / "no_ale"  # an ale_py that fails to import, as when the atari extra is missing
+    fake_ale = root / "no_ale"  # an ale_py that fails to import (a broken or removed install)
     (fake_ale / "ale_py").mkdir(parents=True)
     (fake_ale / "ale_py" / "__init__.py").write_text("raise ImportError('No module named ale_py')\n")
     return root
@@ -95,7 +95,7 @@ CASES = [
      "Did you mean 'uniform'", None, None),
     ("resnet-for-vectors", ["model.kind=resnet", "run_dir={root}/fresh/run"],
      "'model.kind' is 'resnet', which does not fit", None, None),
-    ("atari-without-ale", ["env=Pong"], "pip install 'torchrl_muzero[atari]'", "no_ale", None),
+    ("atari-without-ale", ["env=Pong"], "pip install 'ale-py>=0.10'", "no_ale", None),
     ("resume-a-file", ["resume={root}/a_file.txt"], "'resume'", None, None),
     ("resume-missing", ["resume={root}/missing"], "'resume': the run folder", None, None),
     ("resume-no-checkpoint", ["resume={root}/no_ckpt"], "no_ckpt/ckpt/last.pt", None, "no_ckpt"),

@@ -316,8 +316,8 @@ def make_single_atari_env(env_cfg, training: bool = True, max_pool_frames: bool 
     """
     try:
         import ale_py
-    except ImportError as err:  # pragma: no cover - ale-py is installed with the [atari] extra
-        raise ValueError(f"env id {env_cfg.id!r} needs ale-py: pip install 'torchrl_muzero[atari]'.") from err
+    except ImportError as err:  # pragma: no cover - ale-py is a core dependency
+        raise ValueError(f"env id {env_cfg.id!r} needs ale-py: pip install 'ale-py>=0.10' (a dependency of torchrl_muzero: reinstall it).") from err
     gym.register_envs(ale_py)
     _check_cfg(env_cfg)
     try:

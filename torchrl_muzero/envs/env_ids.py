@@ -59,7 +59,8 @@ def check_env_id(env_id: str, kind: str | None = None) -> None:
             gym.register_envs(ale_py)
         except ImportError as err:
             raise ValueError(
-                f"env id {env_id!r} needs ale-py, which is not installed: pip install 'torchrl_muzero[atari]'."
+                f"env id {env_id!r} needs ale-py (a dependency of torchrl_muzero), which does not import: "
+                "pip install 'ale-py>=0.10'."
             ) from err
     if env_id not in gym.registry:
         close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower()[:4])][:5]
