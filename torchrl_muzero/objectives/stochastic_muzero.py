@@ -74,11 +74,12 @@ class StochasticMuZeroLoss(MuZeroLoss):
             the chance outcome, and switched on after they have it is
             harmless. A trainer may set ``loss.commitment_loss_weight``
             after a warm-up.
-        consistency_loss_weight, latent_grad_scale, policy_loss, projector,
-            predictor, projection_dim, projection_hidden_dim,
-            prediction_hidden_dim, reduction, check_inputs: as
-            :class:`~torchrl_muzero.objectives.MuZeroLoss` (the gradient scale
-            applies to the latent entering every afterstate step).
+        **muzero_kwargs: every other keyword of
+            :class:`~torchrl_muzero.objectives.MuZeroLoss`, with its defaults
+            (``consistency_loss_weight``, ``latent_grad_scale``: applied to the
+            latent entering every afterstate step, ``policy_loss``, ``projector``,
+            ``predictor``, ``projection_dim``, ``projection_hidden_dim``,
+            ``prediction_hidden_dim``, ``reduction``, ``check_inputs``).
 
     Input keys: those of :class:`~torchrl_muzero.objectives.MuZeroLoss`
     (``observation`` must hold the future observations ``[B, K+1, ...]``) and
@@ -149,39 +150,13 @@ class StochasticMuZeroLoss(MuZeroLoss):
         self,
         model: nn.Module,
         *,
-        value_loss_weight: float = 0.25,
-        reward_loss_weight: float = 1.0,
-        policy_loss_weight: float = 1.0,
         afterstate_value_loss_weight: float = 0.25,
         chance_loss_weight: float = 1.0,
         commitment_loss_weight: float = 1.0,
-        consistency_loss_weight: float = 0.0,
-        latent_grad_scale: float = 0.5,
-        policy_loss: str = "cross_entropy",
-        projector: nn.Module | None = None,
-        predictor: nn.Module | None = None,
-        projection_dim: int = 256,
-        projection_hidden_dim: int = 256,
-        prediction_hidden_dim: int = 64,
-        reduction: str = "mean",
-        check_inputs: bool = True,
+        **muzero_kwargs: Any,
     ) -> None:
-        super().__init__(
-            model,
-            value_loss_weight=value_loss_weight,
-            reward_loss_weight=reward_loss_weight,
-            policy_loss_weight=policy_loss_weight,
-            consistency_loss_weight=consistency_loss_weight,
-            latent_grad_scale=latent_grad_scale,
-            policy_loss=policy_loss,
-            projector=projector,
-            predictor=predictor,
-            projection_dim=projection_dim,
-            projection_hidden_dim=projection_hidden_dim,
-            prediction_hidden_dim=prediction_hidden_dim,
-            reduction=reduction,
-            check_inputs=check_inputs,
-        )
+        # MuZero's settings (weights, consistency, reduction, ...) with MuZero's defaults, in one place: MuZeroLoss
+        super().__init__(model, **muzero_kwargs)
         for key, value in (
             ("afterstate_value_loss_weight", afterstate_value_loss_weight),
             ("chance_loss_weight", chance_loss_weight),
