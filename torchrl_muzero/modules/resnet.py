@@ -84,6 +84,48 @@ def _halve(size: int) -> int:
     return (size - 1) // 2 + 1
 
 
+def _stem(in_channels: int, channels: int, downsample: bool, downsample_blocks: Sequence[int],
+          batch_norm: bool) -> nn.Module:
+    """MuZero Atari's strided stem (four stride-2 stages) or one 3x3 conv keeping ``H, W``."""
+    if not downsample:
+        return _conv_block(in_channels, channels, 1, batch_norm)
+    half = channels // 2
+    return nn.Sequential(
+        _conv_block(in_channels, half, 2, batch_norm),
+        _tower(half, downsample_blocks[0], batch_norm),
+        _conv_block(half, channels, 2, batch_norm),
+        _tower(channels, downsample_blocks[1], batch_norm),
+        nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False),
+        _tower(channels, downsample_blocks[2], batch_norm),
+        nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False),
+    )
+
+
+def _check_resnet(name: str, observation_shape: Sequence[int], channels: int, num_blocks: int,
+                  num_prediction_blocks: int, downsample: bool, downsample_blocks: Sequence[int]
+                  ) -> tuple[tuple[int, ...], tuple[int, ...], torch.Size]:
+    """The ResNet models' shared argument checks: ``(observation_shape, downsample_blocks, latent_shape)``."""
+    observation_shape = tuple(int(s) for s in observation_shape)
+    if len(observation_shape) != 3 or min(observation_shape) < 1:
+        raise ValueError(f"{name} expects observation_shape (C, H, W) with positive sizes, got {observation_shape}.")
+    if channels < 2 and downsample:
+        raise ValueError(f"channels must be >= 2 with downsample=True, got {channels}.")
+    if channels < 1:
+        raise ValueError(f"channels must be >= 1, got {channels}.")
+    if num_blocks < 0 or num_prediction_blocks < 0:
+        raise ValueError(
+            f"num_blocks and num_prediction_blocks must be >= 0, got {num_blocks} and {num_prediction_blocks}."
+        )
+    downsample_blocks = tuple(int(n) for n in downsample_blocks)
+    if len(downsample_blocks) != 3 or min(downsample_blocks) < 0:
+        raise ValueError(f"downsample_blocks must be 3 non-negative counts, got {downsample_blocks}.")
+    _, height, width = observation_shape
+    if downsample:
+        for _ in range(4):
+            height, width = _halve(height), _halve(width)
+    return observation_shape, downsample_blocks, torch.Size((int(channels), height, width))
+
+
 class MuZeroResNetModel(MuZeroModel):
     """MuZero model of residual convolution towers for image observations.
 
@@ -185,49 +227,16 @@ class MuZeroResNetModel(MuZeroModel):
         batch_norm: bool = True,
         zero_init_heads: bool = True,
     ) -> None:
-        observation_shape = tuple(int(s) for s in observation_shape)
-        if len(observation_shape) != 3 or min(observation_shape) < 1:
-            raise ValueError(
-                f"MuZeroResNetModel expects observation_shape (C, H, W) with positive "
-                f"sizes, got {observation_shape}."
-            )
-        if channels < 2 and downsample:
-            raise ValueError(f"channels must be >= 2 with downsample=True, got {channels}.")
-        if channels < 1:
-            raise ValueError(f"channels must be >= 1, got {channels}.")
-        if num_blocks < 0 or num_prediction_blocks < 0:
-            raise ValueError(
-                f"num_blocks and num_prediction_blocks must be >= 0, got "
-                f"{num_blocks} and {num_prediction_blocks}."
-            )
-        downsample_blocks = tuple(int(n) for n in downsample_blocks)
-        if len(downsample_blocks) != 3 or min(downsample_blocks) < 0:
-            raise ValueError(
-                f"downsample_blocks must be 3 non-negative counts, got {downsample_blocks}."
-            )
+        observation_shape, downsample_blocks, latent_shape = _check_resnet(
+            type(self).__name__, observation_shape, channels, num_blocks, num_prediction_blocks, downsample,
+            downsample_blocks)
         super().__init__(observation_shape, num_actions, value_support_size, reward_support_size)
         self.channels = int(channels)
         self.downsample = bool(downsample)
         self.observation_scale = float(observation_scale)
-
-        in_channels, height, width = observation_shape
-        if downsample:
-            half = channels // 2
-            stem = nn.Sequential(
-                _conv_block(in_channels, half, 2, batch_norm),
-                _tower(half, downsample_blocks[0], batch_norm),
-                _conv_block(half, channels, 2, batch_norm),
-                _tower(channels, downsample_blocks[1], batch_norm),
-                nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False),
-                _tower(channels, downsample_blocks[2], batch_norm),
-                nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False),
-            )
-            for _ in range(4):
-                height, width = _halve(height), _halve(width)
-        else:
-            stem = _conv_block(in_channels, channels, 1, batch_norm)
-        self.latent_shape = torch.Size((channels, height, width))
-        spatial = height * width
+        self.latent_shape = latent_shape
+        spatial = latent_shape[1] * latent_shape[2]
+        stem = _stem(observation_shape[0], channels, downsample, downsample_blocks, batch_norm)
 
         self.representation_net = nn.Sequential(stem, _tower(channels, num_blocks, batch_norm))
 

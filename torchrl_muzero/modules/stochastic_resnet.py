@@ -14,27 +14,10 @@ import torch
 from torch import nn
 
 from torchrl_muzero.modules.model import scale_latent
-from torchrl_muzero.modules.resnet import _conv_block, _halve, _head, _norm, _tower
+from torchrl_muzero.modules.resnet import _check_resnet, _conv_block, _head, _norm, _stem, _tower
 from torchrl_muzero.modules.stochastic import StochasticMuZeroModel
 
 __all__ = ["StochasticMuZeroResNetModel"]
-
-
-def _stem(in_channels: int, channels: int, downsample: bool, downsample_blocks: Sequence[int],
-          batch_norm: bool) -> nn.Module:
-    """MuZero Atari's strided stem (four stride-2 stages) or one 3x3 conv keeping ``H, W``."""
-    if not downsample:
-        return _conv_block(in_channels, channels, 1, batch_norm)
-    half = channels // 2
-    return nn.Sequential(
-        _conv_block(in_channels, half, 2, batch_norm),
-        _tower(half, downsample_blocks[0], batch_norm),
-        _conv_block(half, channels, 2, batch_norm),
-        _tower(channels, downsample_blocks[1], batch_norm),
-        nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False),
-        _tower(channels, downsample_blocks[2], batch_norm),
-        nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False),
-    )
 
 
 class _PlaneDynamics(nn.Module):
@@ -147,23 +130,9 @@ class StochasticMuZeroResNetModel(StochasticMuZeroModel):
         zero_init_heads: bool = True,
         discount: float = 0.997,
     ) -> None:
-        name = type(self).__name__
-        observation_shape = tuple(int(s) for s in observation_shape)
-        if len(observation_shape) != 3 or min(observation_shape) < 1:
-            raise ValueError(
-                f"{name} expects observation_shape (C, H, W) with positive sizes, got {observation_shape}."
-            )
-        if channels < 2 and downsample:
-            raise ValueError(f"channels must be >= 2 with downsample=True, got {channels}.")
-        if channels < 1:
-            raise ValueError(f"channels must be >= 1, got {channels}.")
-        if num_blocks < 0 or num_prediction_blocks < 0:
-            raise ValueError(
-                f"num_blocks and num_prediction_blocks must be >= 0, got {num_blocks} and {num_prediction_blocks}."
-            )
-        downsample_blocks = tuple(int(n) for n in downsample_blocks)
-        if len(downsample_blocks) != 3 or min(downsample_blocks) < 0:
-            raise ValueError(f"downsample_blocks must be 3 non-negative counts, got {downsample_blocks}.")
+        observation_shape, downsample_blocks, latent_shape = _check_resnet(
+            type(self).__name__, observation_shape, channels, num_blocks, num_prediction_blocks, downsample,
+            downsample_blocks)
         super().__init__(
             observation_shape, num_actions, value_support_size, reward_support_size, chance_space_size, discount
         )
@@ -172,12 +141,9 @@ class StochasticMuZeroResNetModel(StochasticMuZeroModel):
         self.downsample = bool(downsample)
         self.observation_scale = float(observation_scale)
 
-        in_channels, height, width = observation_shape
-        if downsample:
-            for _ in range(4):
-                height, width = _halve(height), _halve(width)
-        self.latent_shape = torch.Size((channels, height, width))
-        spatial = height * width
+        in_channels = observation_shape[0]
+        self.latent_shape = latent_shape
+        spatial = latent_shape[1] * latent_shape[2]
         value_bins, reward_bins = self.value_support.num_bins, self.reward_support.num_bins
 
         # h and f: MuZero's
