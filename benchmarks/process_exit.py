@@ -1,5 +1,5 @@
 """How long a process with torch, tensordict and torchrl imported takes to end, with and without
-:func:`~torchrl_muzero.trainers.quick_exit.freeze_heap_at_exit` (docs/performance.md "Process exit").
+:func:`~torchrl_muzero.trainers.quick_exit.freeze_heap_at_exit` (docs/performance_pipeline.md "Process exit").
 
     python benchmarks/process_exit.py            # 5 rounds, the two modes alternating
     python benchmarks/process_exit.py --rounds 9

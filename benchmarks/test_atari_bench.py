@@ -32,7 +32,8 @@ consistency loss on, K = 5, td_steps = 5) except where a case says otherwise:
   filled with 100,000 synthetic 96x96 transitions (episodes of 200-400 steps);
   ``nbytes()`` per stored transition vs one frame and vs a naive 4-stack.
 
-Run (figures in docs/performance.md, "Atari (Pong)"; about 40 minutes on 2 cores):
+Run (figures in docs/performance_pipeline.md, "Pong", and docs/performance_memory.md, "Atari: 100k
+transitions"; about 40 minutes on 2 cores):
     python -m pytest benchmarks/test_atari_bench.py --benchmark-only \
         --benchmark-columns=mean,median,min,max,rounds -s
 """

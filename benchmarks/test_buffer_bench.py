@@ -19,7 +19,7 @@ reports the bytes a full Atari buffer holds per stored transition.
 
 Run: python -m pytest benchmarks/test_buffer_bench.py --benchmark-only
      --benchmark-columns=mean,median,rounds
-(figures in docs/performance.md, "Replay buffer (GameBuffer)").
+(figures in docs/performance_memory.md, "Replay buffer (GameBuffer)").
 """
 from __future__ import annotations
 

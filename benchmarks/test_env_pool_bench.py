@@ -17,7 +17,7 @@ discarded), then their collects are interleaved round by round, so the four
 see the same machine load; each round times one collect of each. Reports
 per-pool env steps/s (``extra_info``) and the ratios to ``SerialEnv``.
 
-Run (figures in docs/performance.md, "Atari env pools"):
+Run (figures in docs/performance_pipeline.md, "Pong env pools"):
     python -m pytest benchmarks/test_env_pool_bench.py --benchmark-only \
         --benchmark-columns=mean,median,min,max,rounds -s
 """

@@ -17,7 +17,7 @@ the local one by more than its start-up (``ray.init`` + ``start_s``).
 * ``pong``: real Pong (``env=Pong``) with the small ResNet of test/test_algorithms_pong.py (8 channels,
   4 simulations, learner batch 8), ``PONG_STEPS`` env steps: a few hundred, what a 2-core machine affords.
 
-Run (figures in docs/performance.md, "Ray backend vs local processes"):
+Run (figures in docs/performance_pipeline.md, "Ray backend vs local processes"):
     python -m pytest benchmarks/test_ray_vs_local_bench.py --benchmark-only --benchmark-columns=mean,rounds -s
     python benchmarks/test_ray_vs_local_bench.py [--rounds 2] [--cases cartpole,pong] [--variants default,overlap]
 """

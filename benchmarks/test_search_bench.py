@@ -119,7 +119,7 @@ def test_network_roofline(benchmark, B):
     The same layers ``[B, in] @ [in, out]`` the fused kernel runs per simulation (bias and activations left
     out), timed as plain matrix products. ``gflops`` = the step's flops (``_step_flops``) / mean time; compare
     with the fused kernel's own rate, ``_step_flops * B * SIMS / mean(test_network_only_fused[B])``: the gap is
-    all a better dense kernel could win, and it bounds any search's searches/s from above (docs/performance.md).
+    all a better dense kernel could win, and it bounds any search's searches/s from above (docs/performance_search.md).
     """
     model = _model()
     torch.set_num_threads(1)

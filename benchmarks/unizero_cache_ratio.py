@@ -36,7 +36,7 @@ ROUNDS = {1: 12, 8: 5, 64: 2}
 # on consecutive searches (its weights and tree buffers warm in the caches), the engines still
 # alternating block by block under one load. One search per block (--block 1) times each search
 # right after another engine's, with its ~0.5 MB of weights evicted from L2: a cold start that
-# costs the faster engine the larger share (docs/performance.md).
+# costs the faster engine the larger share (docs/performance_search.md, "UniZero search").
 BLOCK = {1: 20, 8: 4, 64: 1}
 
 

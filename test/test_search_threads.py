@@ -9,7 +9,7 @@ tensor of the tree is compared, not only the visit counts.
 The split itself (its chunks, the threads that run them, an error in one chunk) is tested
 through the kernel's test hook ``row_chunks_probe``; and where the kernel runs on torch's
 OpenMP team, that the process holds one OpenMP runtime, torch's (a second one would bring the
-spinning-worker contention that made two threads no faster than one: docs/performance.md).
+spinning-worker contention that made two threads no faster than one: docs/performance_search.md, "One OpenMP team").
 """
 from __future__ import annotations
 

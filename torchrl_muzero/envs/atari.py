@@ -71,7 +71,7 @@ the two do not race.
 
 *Batching* (``pool``, ``env.pool`` in the config). ``"serial"``:
 ``SerialEnv``, the games in the caller's process (on 2 cores the fastest for
-Pong, docs/performance.md). ``"parallel"``: ``ParallelEnv``, one process per
+Pong, docs/performance_pipeline.md). ``"parallel"``: ``ParallelEnv``, one process per
 game. ``"async"``: torchrl's ``AsyncEnvPool`` (multiprocessing backend,
 shared-memory exchange), one process per game, through
 :class:`~torchrl_muzero.trainers.torchrl_guards.GuardedAsyncEnvPool`, which

@@ -25,7 +25,7 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
     Atari envs get the preprocessing of :mod:`torchrl_muzero.envs.atari`,
     in-process too unless ``env_cfg.pool`` says ``parallel`` (``ParallelEnv``)
     or ``async`` (the guarded ``AsyncEnvPool``); on 2 cores ``SerialEnv``
-    steps Pong fastest (docs/performance.md), more cores favour the others.
+    steps Pong fastest (docs/performance_pipeline.md), more cores favour the others.
     A daemonic process (the evaluators) may not start env processes and
     always steps its games in-process.
     DeepMind Control tasks (``env_cfg.kind == "dmc"``, ``env_cfg.id`` such

@@ -4,7 +4,7 @@ The collector and evaluator processes each run on ``collector_num_cpus`` /
 ``evaluator_num_cpus`` threads. While they work, a learner that keeps every
 core oversubscribes the machine: on the 2-core development machine a Pong
 update (batch 8) took 0.87 s with 2 learner threads beside a busy collector
-against 0.51 s with 1 (docs/performance.md). While they wait (back-pressure,
+against 0.51 s with 1 (docs/performance_pipeline.md, "Pong: sync vs async"). While they wait (back-pressure,
 no evaluation running) those cores are idle and the learner should take
 them: 2 threads made the same update 0.29 s. Changing torch's intra-op thread
 count costs well under a microsecond, so the driver re-decides it before each
@@ -25,7 +25,7 @@ def yield_to_learner(niceness: int) -> int:
     Called first thing in collector and evaluator processes: when the machine
     has fewer cores than busy threads, the kernel then gives the learner its
     cores and the actors the rest, instead of slowing the learner down by a
-    third with two collectors on two cores (docs/performance.md). On Linux a
+    third with two collectors on two cores (docs/performance_pipeline.md). On Linux a
     nice value is per thread and inherited by threads started afterwards, so
     this must run before the process starts its worker threads. ``0`` (or a
     platform without ``os.nice``) leaves the priority as it is.

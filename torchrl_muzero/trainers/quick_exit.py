@@ -7,7 +7,7 @@ sympy come in with tensordict). On the 2-core development machine that took
 0.9-1.2 s per process after the ``atexit`` handlers had run; freezing the heap
 first (:func:`gc.freeze`: what is alive now moves to a generation the collector
 never scans) made it 0.18 s (``python -c "import torch, tensordict, torchrl"``
-timed to the process's end, docs/performance.md "Process exit"). An async run
+timed to the process's end, docs/performance_pipeline.md "Process exit"). An async run
 ends its collector workers and evaluators one after the other, and its script
 ends too, so the shutdown after Ctrl-C or at the end of a run waited ~1 s per
 process on work that frees memory the OS takes back anyway.
