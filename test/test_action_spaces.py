@@ -27,7 +27,7 @@ from torchrl_muzero.modules import MuZeroMLPModel
 from torchrl_muzero.trainers.config import ConfigError, EnvConfig
 
 REPO = Path(__file__).resolve().parents[1]
-REFUSAL = "the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero"
+REFUSAL = "the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero, sampled_unizero"
 
 
 # -- spaces from specs ----------------------------------------------------------------------------
@@ -265,7 +265,8 @@ def test_algorithms_say_which_action_kinds_they_support():
     from torchrl_muzero.algorithms import algorithm_names, get_algorithm
 
     kinds = {name: get_algorithm(name).action_kinds for name in algorithm_names()}
-    assert {name for name, k in kinds.items() if "continuous" in k} == {"sampled_muzero", "sampled_efficientzero"}
+    continuous = {name for name, k in kinds.items() if "continuous" in k}
+    assert continuous == {"sampled_muzero", "sampled_efficientzero", "sampled_unizero"}
     assert all("discrete" in k for k in kinds.values())
     assert algorithms_for("continuous") == REFUSAL
     check_action_space("muzero", DiscreteActionSpace(2, one_hot=True))

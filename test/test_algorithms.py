@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "sota-implementations" / "muzero" / "config"
 ALGOS = algorithm_names()
 VARIANTS = [a for a in ALGOS if a != "muzero"]  # muzero's faults: test_trainers.py
-SAMPLED = {"sampled_muzero", "sampled_efficientzero"}
+SAMPLED = {name for name in ALGOS if get_algorithm(name).takes_action_space}  # the sampled family
 
 
 def _keys(name: str) -> dict:
@@ -60,7 +60,7 @@ def test_unknown_algorithm_and_foreign_keys_fail_at_start():
                                           r"algorithms: muzero, efficientzero, gumbel_muzero, stochastic_muzero"):
         load_config({"algo": {"name": "gumbel"}})
     with pytest.raises(ConfigError, match=r"'algo.gumbel_scale' \(2.0\) is a setting of gumbel_muzero / "
-                                          r"sampled_muzero / sampled_efficientzero, not of algo=efficientzero"):
+                                          r"sampled_muzero / sampled_efficientzero / sampled_unizero, not of algo=efficientzero"):
         load_config({"algo": {"name": "efficientzero", "gumbel_scale": 2.0}})
     load_config({"algo": {"name": "gumbel_muzero", "gumbel_scale": 2.0}})  # its own key is fine
 

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "sota-implementations" / "muzero" / "config"
 
 
-@pytest.mark.parametrize("algo", ["sampled_muzero", "sampled_efficientzero"])
+@pytest.mark.parametrize("algo", ["sampled_muzero", "sampled_efficientzero", "sampled_unizero"])
 def test_the_sampled_family_learns_a_continuous_reach(tmp_path, algo):
     run_dir = tmp_path / algo
     cfg = compose_config(str(CONFIG_DIR), ["env=Reach", f"algo={algo}", f"run_dir={run_dir}",

@@ -23,7 +23,8 @@ __all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names", "algorit
 
 _REGISTRY: dict[str, "Algorithm"] = {}
 _MODULES = ("muzero", "efficientzero", "gumbel_muzero", "stochastic_muzero", "muzero_context",
-            "muzero_rnn_full_obs", "unizero", "sampled_muzero", "sampled_efficientzero")
+            "muzero_rnn_full_obs", "unizero", "sampled_muzero", "sampled_efficientzero",
+            "sampled_unizero")
 _loaded = False
 
 
@@ -201,7 +202,7 @@ def get_algorithm(name: str) -> Algorithm:
 
 
 #: the algorithms planned for an action kind no registered algorithm supports yet (named in the refusal)
-_PLANNED = {"continuous": "sampled_unizero"}
+_PLANNED: dict[str, str] = {}
 
 
 def algorithms_for(kind: str) -> str:
@@ -210,7 +211,7 @@ def algorithms_for(kind: str) -> str:
     Examples:
         >>> from torchrl_muzero.algorithms.registry import algorithms_for
         >>> algorithms_for("continuous")
-        'the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero'
+        'the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero, sampled_unizero'
         >>> algorithms_for("multi-discrete")
         'no algorithm supports multi-discrete actions yet'
         >>> algorithms_for("discrete")  # doctest: +ELLIPSIS
@@ -237,7 +238,7 @@ def check_action_space(algorithm: "Algorithm | str", space: Any, env: str = "the
         >>> check_action_space("muzero", BoxActionSpace(-2.0, 2.0, (1,)), "env.id='Pendulum-v1'")
         Traceback (most recent call last):
         ...
-        torchrl_muzero.trainers.config.ConfigError: config key 'algo.name' is 'muzero', which supports discrete actions only, but env.id='Pendulum-v1' has continuous actions (1 dim in [-2, 2]): the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero.
+        torchrl_muzero.trainers.config.ConfigError: config key 'algo.name' is 'muzero', which supports discrete actions only, but env.id='Pendulum-v1' has continuous actions (1 dim in [-2, 2]): the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero, sampled_unizero.
     """
     algo = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
     if space.kind in algo.action_kinds:

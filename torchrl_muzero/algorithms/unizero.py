@@ -31,15 +31,17 @@ from __future__ import annotations
 from torchrl_muzero.algorithms.muzero import muzero_search_config, muzero_search_fn
 from torchrl_muzero.algorithms.registry import Algorithm, register
 
-__all__ = ["UNIZERO"]
+__all__ = ["UNIZERO", "UNIZERO_KEYS", "check_unizero", "unizero_loss_kwargs", "unizero_memory",
+           "unizero_model_kwargs"]
 
-_KEYS = ("embed_dim", "num_layers", "num_heads", "context_length", "max_blocks", "position", "latent_norm",
+UNIZERO_KEYS = ("embed_dim", "num_layers", "num_heads", "context_length", "max_blocks", "position", "latent_norm",
          "zero_init_heads", "policy_entropy_weight", "target_update_theta", "latent_loss_weight", "latent_loss",
          "reward_loss_weight", "policy_loss_weight", "value_loss_weight", "policy_ls_eps_start",
          "policy_ls_eps_end", "policy_ls_eps_decay_steps")
 
 
-def _check(cfg) -> None:
+def check_unizero(cfg) -> None:
+    """Refuse ``algo.*`` settings a UniZero model cannot hold (its context, heads and latent loss)."""
     from torchrl_muzero.trainers.config import ConfigError
 
     a, K = cfg.algo, cfg.buffer.num_unroll_steps
@@ -60,10 +62,11 @@ def _check(cfg) -> None:
             raise ConfigError(f"config key 'algo.{key}' must be one of {options}, got {getattr(a, key)!r}.")
 
 
-def _model(cfg, observation_shape, num_actions: int):
-    from torchrl_muzero.modules.unizero import ResNetEncoder, UniZeroModel
+def unizero_model_kwargs(cfg, observation_shape) -> dict:
+    """:class:`~torchrl_muzero.modules.unizero.UniZeroModel`'s keyword arguments from ``algo.*`` and
+    ``model.*`` (after :func:`check_unizero`): the transformer, the supports and the encoder."""
+    from torchrl_muzero.modules.unizero import ResNetEncoder
 
-    _check(cfg)
     a, m = cfg.algo, cfg.model
     encoder = None
     if m.kind == "resnet":  # frames: the env's observation (Pong: 4 stacked frames) is one token
@@ -71,16 +74,23 @@ def _model(cfg, observation_shape, num_actions: int):
                                 downsample=m.downsample, latent_norm=a.latent_norm)
     elif m.kind != "mlp":
         raise ValueError(f"model.kind must be 'mlp' or 'resnet', got {m.kind!r}.")
-    return UniZeroModel(
-        observation_shape, num_actions, embed_dim=a.embed_dim, num_layers=a.num_layers, num_heads=a.num_heads,
-        context_length=a.context_length, max_blocks=a.max_blocks, position=a.position, latent_norm=a.latent_norm,
-        value_support_size=m.value_support_size, reward_support_size=m.reward_support_size, encoder=encoder,
-        encoder_hidden_dim=m.hidden_dim, zero_init_heads=a.zero_init_heads,
-    )
+    return dict(embed_dim=a.embed_dim, num_layers=a.num_layers, num_heads=a.num_heads,
+                context_length=a.context_length, max_blocks=a.max_blocks, position=a.position,
+                latent_norm=a.latent_norm, value_support_size=m.value_support_size,
+                reward_support_size=m.reward_support_size, encoder=encoder, encoder_hidden_dim=m.hidden_dim,
+                zero_init_heads=a.zero_init_heads)
 
 
-def _loss(cfg, model):
-    from torchrl_muzero.objectives.unizero import UniZeroLoss
+def _model(cfg, observation_shape, num_actions: int):
+    from torchrl_muzero.modules.unizero import UniZeroModel
+
+    check_unizero(cfg)
+    return UniZeroModel(observation_shape, num_actions, **unizero_model_kwargs(cfg, observation_shape))
+
+
+def unizero_loss_kwargs(cfg) -> dict:
+    """:class:`~torchrl_muzero.objectives.unizero.UniZeroLoss`'s keyword arguments from ``algo.*``; a
+    ``loss.*`` MuZero weight set to another value is an error (UniZero's weights are ``algo.*``)."""
     from torchrl_muzero.trainers.config import ConfigError, LossConfig
 
     defaults = LossConfig()
@@ -90,11 +100,11 @@ def _loss(cfg, model):
         # UniZero, whose latent term has its own weight, so only another non-default value is an error
         if value != getattr(defaults, key) and not (key == "consistency_loss_weight" and value == 0.0):
             target = f"algo.{key}" if key != "consistency_loss_weight" else "algo.latent_loss_weight"
-            raise ConfigError(f"config key 'loss.{key}' is a MuZero weight that algo=unizero does not read; "
-                              f"set {target} instead.")
+            raise ConfigError(f"config key 'loss.{key}' is a MuZero weight that algo={cfg.algo.name} does not "
+                              f"read; set {target} instead.")
     a = cfg.algo
-    return UniZeroLoss(
-        model, latent_loss_weight=a.latent_loss_weight, reward_loss_weight=a.reward_loss_weight,
+    return dict(
+        latent_loss_weight=a.latent_loss_weight, reward_loss_weight=a.reward_loss_weight,
         policy_loss_weight=a.policy_loss_weight, value_loss_weight=a.value_loss_weight,
         policy_entropy_weight=a.policy_entropy_weight, target_update_theta=a.target_update_theta,
         latent_loss=a.latent_loss,
@@ -103,7 +113,14 @@ def _loss(cfg, model):
     )
 
 
-def _memory(cfg):
+def _loss(cfg, model):
+    from torchrl_muzero.objectives.unizero import UniZeroLoss
+
+    return UniZeroLoss(model, **unizero_loss_kwargs(cfg))
+
+
+def unizero_memory(cfg):
+    """The acting memory: the last ``algo.context_length`` raw steps (``None`` at 0: the observation alone)."""
     if cfg.algo.context_length == 0:  # no history: the search starts from the current observation alone
         return None
     import torch
@@ -122,10 +139,10 @@ UNIZERO = register(
         search_config=muzero_search_config,
         build_loss=_loss,
         needs_future_observations=lambda cfg: True,  # the latent term's targets
-        acting_memory=_memory,
+        acting_memory=unizero_memory,
         # bootstrap values and reanalyze roots see the history acting sees (None at context 0: no history)
-        buffer_kwargs=lambda cfg: {"root_memory": _memory(cfg)},
-        config_keys=_KEYS,
+        buffer_kwargs=lambda cfg: {"root_memory": unizero_memory(cfg)},
+        config_keys=UNIZERO_KEYS,
         summary="UniZero: transformer world model over [z, a] tokens, exact per-node KV cache, "
                 "acting from the last context_length raw steps",
     )

@@ -314,9 +314,6 @@ class GameBuffer:
         self.extra_entries = check_replay_entries(extra_entries, taken)
         self.reanalyze_entries = reanalyze_entries
         self.action_space = None if action_space is None else as_action_space(action_space)
-        if self.action_space is not None and not self.action_space.is_discrete and self.root_memory is not None:
-            raise ValueError("root_memory (acting from history) rebuilds its windows from discrete actions; "
-                             f"this GameBuffer stores continuous ones ({self.action_space.describe()}).")
         self.device = None if device is None else torch.device(device)
         self.storage_device = torch.device(storage_device)
         self._generator = torch.Generator()

@@ -45,7 +45,9 @@ class HistoryWindowMemory(ActingMemory):
     """Per env: the last ``context_length`` observations and actions before now, and how many are real.
 
     Entries (per env): ``"history_observation" [L, *obs]`` (oldest first),
-    ``"history_action" [L]`` (the action taken after each) and
+    ``"history_action"`` (the action taken after each: indices ``[L]``
+    int64, or ``[L, D]`` float32 for a model of box actions, one whose
+    ``action_dim`` is ``D``: sampled UniZero) and
     ``"history_count"`` (real steps, ``0 .. L``; the real ones are the last
     ``count``). After a reset all are zero: the root sees the current
     observation alone. :meth:`root` encodes the window with the current
@@ -99,9 +101,12 @@ class HistoryWindowMemory(ActingMemory):
     def spec(self, model) -> Composite:
         self._check_model(model)
         L = self.context_length
+        action_dim = getattr(model, "action_dim", None)  # a box model's float actions [D]
+        action = (Unbounded(shape=(L,), dtype=torch.int64) if action_dim is None
+                  else Unbounded(shape=(L, action_dim), dtype=torch.float32))
         return Composite(
             history_observation=Unbounded(shape=(L, *model.observation_shape), dtype=self.observation_dtype),
-            history_action=Unbounded(shape=(L,), dtype=torch.int64),
+            history_action=action,
             history_count=Unbounded(shape=(), dtype=torch.int64),
         )
 
@@ -113,7 +118,9 @@ class HistoryWindowMemory(ActingMemory):
         count = memory["history_count"].clamp(0, L)
         steps = torch.arange(L + 1, device=count.device)
         valid = steps[None] >= (L - count)[:, None]  # the last count steps and now
-        actions = memory["history_action"].long().clamp(0, model.num_actions - 1)  # zeros where not valid
+        actions = memory["history_action"]  # zeros where not valid
+        if not actions.dtype.is_floating_point:
+            actions = actions.long().clamp(0, _env_num_actions(model) - 1)
         return window, actions, valid, count
 
     def root(self, model, observation: torch.Tensor, memory: TensorDictBase) -> ModelStep:
@@ -136,7 +143,7 @@ class HistoryWindowMemory(ActingMemory):
     def memory_from_steps(self, observations: torch.Tensor, actions: torch.Tensor, count: torch.Tensor) -> TensorDict:
         """The memory an env carries after ``count [M]`` real steps of its episode, rebuilt from stored steps.
 
-        ``observations [M, L, *obs]`` and ``actions [M, L]`` are oldest first,
+        ``observations [M, L, *obs]`` and ``actions [M, L(, D)]`` are oldest first,
         the real ones the last ``count`` of each row (the replay buffer's
         history windows, :mod:`torchrl_muzero.data.root_history`). The other
         entries are zeroed, as the primer's zeros are when they shift out, so
@@ -144,20 +151,37 @@ class HistoryWindowMemory(ActingMemory):
         """
         L = self.context_length
         M = count.shape[0]
-        if observations.shape[:2] != (M, L) or actions.shape != (M, L):
-            raise ValueError(f"memory_from_steps expects observations [M, {L}, *obs] and actions [M, {L}] for "
+        if observations.shape[:2] != (M, L) or actions.shape[:2] != (M, L) or actions.dim() > 3:
+            raise ValueError(f"memory_from_steps expects observations [M, {L}, *obs] and actions [M, {L}(, D)] for "
                              f"count [M = {M}], got {tuple(observations.shape)} and {tuple(actions.shape)}.")
         count = count.long().clamp(0, L)
         real = torch.arange(L, device=count.device)[None] >= (L - count)[:, None]  # the last count steps
         shape = (M, L) + (1,) * (observations.dim() - 2)
         obs = torch.where(real.reshape(shape), observations, torch.zeros((), dtype=observations.dtype))
         return TensorDict({"history_observation": obs.to(self.observation_dtype),
-                           "history_action": torch.where(real, actions.long(), 0),
+                           "history_action": _zero_unreal(actions, real),
                            "history_count": count}, batch_size=[M])
 
     def advance(self, model, root: ModelStep, action: torch.Tensor, memory: TensorDictBase) -> TensorDictBase:
         if not isinstance(root, _WindowRoot):
             raise TypeError("HistoryWindowMemory.advance expects the root its own root() returned.")
-        actions = torch.cat([root.next_actions[:, 1:], action.long().reshape(-1, 1)], 1)
+        past = root.next_actions
+        taken = action.reshape(past.shape[0], 1, *past.shape[2:]).to(past.dtype)  # an index, or floats [D]
+        actions = torch.cat([past[:, 1:], taken], 1)
         return TensorDict({"history_observation": root.next_observations, "history_action": actions,
                            "history_count": root.next_count}, batch_size=[action.shape[0]])
+
+
+def _env_num_actions(model) -> int:
+    """The env's discrete actions: a sampled model searches ``K`` slots (its ``num_actions``) of its space's."""
+    space = getattr(model, "action_space", None)
+    if space is not None and getattr(space, "is_discrete", False):
+        return int(space.num_actions)
+    return int(model.num_actions)
+
+
+def _zero_unreal(actions: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Stored ``actions [M, L(, D)]`` where ``real [M, L]``, zeros elsewhere: int64 indices or float32 actions."""
+    if actions.dtype.is_floating_point:
+        return torch.where(real[..., None], actions.float(), 0.0)
+    return torch.where(real, actions.long(), 0)

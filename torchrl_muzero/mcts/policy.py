@@ -180,8 +180,7 @@ class MCTSPolicy(TensorDictModuleBase):
                     generator=self.generator,
                     **extra,
                 )
-                if memory is not None:
-                    next_memory = self.memory.advance(self.model, root, result.action, memory)
+                env_action = result.action
                 if self.slot_actions is not None:  # result.action is a root slot: read its env action
                     S = result.visit_counts.shape[-1]
                     candidates = slot_candidates(self.slot_actions, result.tree.embeddings[:, 0], S)
@@ -189,6 +188,8 @@ class MCTSPolicy(TensorDictModuleBase):
                     env_action = candidates[torch.arange(slot.shape[0], device=slot.device), slot]
                     if self.action_space is not None:
                         self.action_space.validate(env_action)
+                if memory is not None:  # the history holds the env's action (a sampled search's is a slot)
+                    next_memory = self.memory.advance(self.model, root, env_action, memory)
         finally:
             self.model.train(was_training)
 
@@ -198,8 +199,6 @@ class MCTSPolicy(TensorDictModuleBase):
             tensordict.set(("root", "candidates"), candidates.to(out_device).reshape(lead + candidates.shape[1:]))
             tensordict.set(("root", "candidate_visits"),
                            result.visit_counts.float().to(out_device).reshape(lead + (-1,)))
-        else:
-            env_action = result.action
         action = env_action if self.action_space is None else self.action_space.encode(env_action)
         action = action.to(out_device)
         tensordict.set(self.action_key, action.reshape(tuple(batch_shape) + tuple(action.shape[1:])))

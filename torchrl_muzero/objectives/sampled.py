@@ -16,9 +16,10 @@ shares, written as hooks of
   weighted by ``policy_entropy_loss_weight`` (LightZero: 5e-3 sampled
   EfficientZero, 5e-2 sampled UniZero on Pendulum).
 
-:class:`SampledMuZeroLoss` and :class:`SampledEfficientZeroLoss` put it in
-front of MuZero's and EfficientZero's losses; the value, reward / value-prefix
-and consistency terms are theirs unchanged.
+:class:`SampledMuZeroLoss`, :class:`SampledEfficientZeroLoss` and
+:class:`SampledUniZeroLoss` put it in front of MuZero's, EfficientZero's and
+UniZero's losses; the value, reward / value-prefix, consistency and latent
+terms are theirs unchanged.
 """
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ from torchrl_muzero.modules.tanh_normal import TanhNormalPolicy
 from torchrl_muzero.objectives.efficientzero import EfficientZeroLoss
 from torchrl_muzero.objectives.muzero import MuZeroLoss
 from torchrl_muzero.objectives.terms import LossTerm
+from torchrl_muzero.objectives.unizero import UniZeroLoss
 
-__all__ = ["SampledEfficientZeroLoss", "SampledMuZeroLoss", "SampledPolicyLoss"]
+__all__ = ["SampledEfficientZeroLoss", "SampledMuZeroLoss", "SampledPolicyLoss", "SampledUniZeroLoss"]
 
 
 class SampledPolicyLoss:
@@ -197,3 +199,74 @@ class SampledEfficientZeroLoss(SampledPolicyLoss, EfficientZeroLoss):
     def __init__(self, model, *, policy_entropy_loss_weight: float = 5e-3, **kwargs) -> None:
         self._init_sampled(policy_entropy_loss_weight)
         super().__init__(model, **kwargs)
+
+
+class SampledUniZeroLoss(SampledPolicyLoss, UniZeroLoss):
+    """Sampled UniZero's loss: :class:`~torchrl_muzero.objectives.unizero.UniZeroLoss` (one causal forward
+    over the segment, latent / reward / value terms, EMA target encoder) with the policy learnt over each
+    position's stored root candidates (:class:`SampledPolicyLoss`).
+
+    The unroll's action tokens are the env's actions as they are (a box's
+    floats ``[B, K+1, D]`` through the model's linear action embedding,
+    discrete indices through its table). UniZero's two policy extras, over
+    ``K`` candidates instead of ``A`` actions:
+
+    * label smoothing (``policy_ls_eps_*``) mixes the visit target into the
+      uniform distribution over the ``K`` slots, ``(1 - eps) * target + eps / K``
+      (the slots are the target's support; a discrete node's padded slots
+      repeat a legal action, which then gets their share too). Off by default.
+    * the entropy bonus is UniZero's own term (``loss_entropy``, weight
+      ``policy_loss_weight * policy_entropy_weight``), over the whole policy:
+      exact for a categorical, a Monte-Carlo estimate (16 draws) for the
+      tanh-squashed Gaussian. The mixin's separate ``policy_entropy`` term is
+      off, so the bonus is counted once.
+
+    Args:
+        model: a :class:`~torchrl_muzero.modules.sampled.SampledModel` over a
+            :class:`~torchrl_muzero.modules.unizero.UniZeroModel` (``action_dim=D``
+            and a ``2 * D`` policy head for a box).
+        policy_loss: ``"cross_entropy"`` (default) or ``"kl"`` (same gradient).
+        **kwargs: :class:`~torchrl_muzero.objectives.unizero.UniZeroLoss`'s.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_muzero.envs.action_spaces import BoxActionSpace
+        >>> from torchrl_muzero.modules.sampled import SampledModel
+        >>> from torchrl_muzero.modules.sampled_proposal import SampledProposal
+        >>> from torchrl_muzero.modules.unizero import UniZeroModel
+        >>> from torchrl_muzero.objectives.sampled import SampledUniZeroLoss
+        >>> base = UniZeroModel((3,), 2, embed_dim=16, num_heads=2, context_length=2, max_blocks=5,
+        ...                     value_support_size=5, reward_support_size=5, action_dim=1)
+        >>> model = SampledModel(base, BoxActionSpace(-2.0, 2.0, (1,)), SampledProposal(num_samples=4))
+        >>> loss = SampledUniZeroLoss(model)
+        >>> B, K1, S = 5, 3, 4
+        >>> batch = TensorDict({
+        ...     "observation": torch.randn(B, K1, 3), "observation_mask": torch.ones(B, K1, dtype=torch.bool),
+        ...     "action": torch.rand(B, K1, 1) * 4 - 2, "target_value": torch.zeros(B, K1),
+        ...     "target_reward": torch.zeros(B, K1), "target_policy": torch.full((B, K1, S), 1 / S),
+        ...     "mask": torch.ones(B, K1, dtype=torch.bool), "policy_mask": torch.ones(B, K1, dtype=torch.bool),
+        ...     ("root", "candidates"): torch.rand(B, K1, S, 1) * 4 - 2}, [B])
+        >>> out = loss(batch)
+        >>> sorted(k for k in out.keys() if k.startswith("loss_"))
+        ['loss_entropy', 'loss_latent', 'loss_policy', 'loss_reward', 'loss_value']
+    """
+
+    @dataclass
+    class _AcceptedKeys(UniZeroLoss._AcceptedKeys):
+        candidates: NestedKey = ("root", "candidates")
+
+    def __init__(self, model, *, policy_loss: str = "cross_entropy", **kwargs) -> None:
+        self._init_sampled(0.0)  # the bonus is UniZero's own entropy term (docstring)
+        super().__init__(model, **kwargs)
+        if policy_loss not in ("cross_entropy", "kl"):
+            raise ValueError(f"policy_loss must be 'cross_entropy' or 'kl', got {policy_loss!r}.")
+        self.policy_loss = policy_loss  # UniZeroLoss does not take it: its categorical term is a cross-entropy
+
+    def _policy_and_entropy(self, inputs: dict[str, Any], policy_logits: torch.Tensor,
+                            target_policy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        eps = self.policy_ls_eps
+        if eps > 0:  # uniform over the K slots the target is over (docstring)
+            target_policy = (1.0 - eps) * target_policy + eps / target_policy.shape[-1]
+        entropy = _entropy(policy_distribution(self.model, policy_logits), self.entropy_samples)
+        return self._policy_term(inputs, policy_logits, target_policy), entropy

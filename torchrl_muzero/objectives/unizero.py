@@ -203,7 +203,7 @@ class UniZeroLoss(UnrolledModelLoss):
 
     def _read_inputs(self, tensordict: TensorDictBase) -> dict[str, Any]:
         inputs = super()._read_inputs(tensordict)
-        B, K1 = inputs["action"].shape
+        B, K1 = inputs["mask"].shape  # (the actions may be a box's floats [B, K+1, D])
         obs_mask = self._per_position(tensordict, "observation_mask", B, K1)
         inputs["observation_mask"] = obs_mask if obs_mask.dtype == torch.bool else obs_mask != 0
         return inputs
@@ -229,10 +229,7 @@ class UniZeroLoss(UnrolledModelLoss):
         target_value = torch.where(mask, inputs["target_value"].to(dtype), 0.0)
         target_reward = torch.where(mask[:, 1:], inputs["target_reward"][:, 1:].to(dtype), 0.0)
         target_policy = torch.where(policy_mask.unsqueeze(-1), inputs["target_policy"].to(dtype), 0.0)
-        policy = policy_distribution(self.model, policy_logits)
-        eps = self.policy_ls_eps
-        if eps > 0:
-            target_policy = policy.smooth_target(target_policy, eps)
+        policy_values, entropy = self._policy_and_entropy(inputs, policy_logits, target_policy)
         latent_mask = inputs["observation_mask"][:, 1:] & policy_mask[:, :-1]
         predicted, target = unrolled["next_latent"], unrolled["target_latent"].to(dtype)
         target = torch.where(latent_mask.unsqueeze(-1), target, 0.0)
@@ -246,17 +243,31 @@ class UniZeroLoss(UnrolledModelLoss):
             latent = kl.sum(-1).mean(-1)
         else:
             latent = 1.0 - F.cosine_similarity(predicted, target, dim=-1, eps=1e-8)
-        # the entropy before the cross-entropy, as before the interface: autograd then sums the
-        # log-probs' gradients in the same order, so the update stays bit for bit the same
-        entropy = policy.entropy()
         return {
             "latent": LossTerm(latent, latent_mask),
             "reward": LossTerm(self.model.reward_support.cross_entropy(unrolled["reward_logits"], target_reward),
                                mask[:, 1:]),
-            "policy": LossTerm(policy.cross_entropy(target_policy), policy_mask),
+            "policy": LossTerm(policy_values, policy_mask),
             "entropy": LossTerm(-entropy, policy_mask),
             "value": LossTerm(self.model.value_support.cross_entropy(value_logits, target_value), mask),
         }
+
+    def _policy_and_entropy(self, inputs: dict[str, Any], policy_logits: torch.Tensor,
+                            target_policy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cross-entropy [B, K+1], entropy [B, K+1])`` of the policy against the (smoothed) target.
+
+        Why a hook: sampled UniZero's target is over each position's stored
+        candidates, not the model's actions
+        (:class:`~torchrl_muzero.objectives.sampled.SampledUniZeroLoss`).
+        """
+        policy = policy_distribution(self.model, policy_logits)
+        eps = self.policy_ls_eps
+        if eps > 0:
+            target_policy = policy.smooth_target(target_policy, eps)
+        # the entropy before the cross-entropy, as before the interface: autograd then sums the
+        # log-probs' gradients in the same order, so the update stays bit for bit the same
+        entropy = policy.entropy()
+        return policy.cross_entropy(target_policy), entropy
 
     def _reduce_terms(
         self, terms: dict[str, LossTerm], weight: torch.Tensor | None, num_unroll_steps: int

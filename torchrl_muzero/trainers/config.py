@@ -115,7 +115,8 @@ class AlgoConfig:
     policy_ls_eps_start: float = 0.0  # policy label smoothing, linear start -> end over the steps (0: off)
     policy_ls_eps_end: float = 0.01
     policy_ls_eps_decay_steps: int = 50_000
-    # sampled_muzero / sampled_efficientzero / sampled_unizero (Hubert et al. 2021): K actions drawn at each node, searched as slots
+    # sampled_muzero / sampled_efficientzero / sampled_unizero (Hubert et al. 2021): K actions drawn at each node,
+    # searched as slots
     num_samples: int = 20  # K (LightZero's Pendulum configs: 20)
     sampled_prior: str = "paper"  # paper: (beta_hat / beta) * pi over the slots | uniform: 1 / K (LightZero's)
     proposal_temperature: float = 1.0  # beta = pi at this temperature (1: the policy itself)

@@ -163,6 +163,8 @@ def _collect(model, UniZeroModel) -> tuple[tuple[list[torch.Tensor], list[int], 
     for name in ("search_step", "_action_heads", "_latent_heads", "_tokens", "_slide", "_decode"):
         if getattr(cls, name) is not getattr(UniZeroModel, name):
             return None
+    if getattr(model, "action_dim", None) is not None:  # the kernel looks actions up in the embedding table
+        return None
     gpt, E = model.transformer, model.embed_dim
     ref = gpt.ln_f.weight
     if model.on_overflow != "rebuild" or ref.dtype != torch.float32 or ref.device.type != "cpu":

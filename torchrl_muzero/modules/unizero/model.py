@@ -84,11 +84,13 @@ from torchrl_muzero.modules.fused_spec import FusedSpec
 from torchrl_muzero.modules.model import MuZeroModel
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.support import CategoricalSupport
+from torchrl_muzero.modules.unizero.actions import (action_embedding, action_shape, check_action_dim,
+                                                    check_actions, no_actions, pack_actions)
 from torchrl_muzero.modules.unizero.encoder import MLPEncoder
 from torchrl_muzero.modules.unizero.fused import (UZ_NODE_STATE, fused_root_from_leaves, fused_root_window,
                                                   fused_unizero_weights)
 from torchrl_muzero.modules.unizero.norm import make_latent_norm
-from torchrl_muzero.modules.unizero.transformer import CausalTransformer
+from torchrl_muzero.modules.unizero.transformer import CausalTransformer, head_mlp
 
 __all__ = ["UniZeroModel"]
 
@@ -97,10 +99,6 @@ _VALID_MESSAGE = (
     "valid must be [B, K + 1] = [{B}, {K1}] bool, False only as a prefix of each row "
     "and True at the current (last) step."
 )
-
-
-def _head(embed_dim: int, out_dim: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(embed_dim, embed_dim), nn.GELU(), nn.Linear(embed_dim, out_dim))
 
 
 class _Unroll(nn.Module):
@@ -118,7 +116,7 @@ class UniZeroModel(nn.Module):
 
     Args:
         observation_shape: shape of one observation.
-        num_actions: discrete actions.
+        num_actions: discrete actions (the policy head's width; with ``action_dim``, its ``2 * D``).
         embed_dim / num_layers / num_heads: the transformer (LightZero's
             CartPole: 64 / 2 / 2).
         context_length: history steps ``[z, a]`` a root sees before its own
@@ -137,6 +135,15 @@ class UniZeroModel(nn.Module):
             step, same outputs).
         on_overflow: ``"rebuild"`` or ``"error"`` (module docstring).
         mlp_ratio: the blocks' MLP width over ``embed_dim``.
+        action_dim: ``None`` (default): discrete actions, indices embedded by
+            a table (``nn.Embedding(num_actions, embed_dim)``); ``D``: float
+            actions ``[D]`` (a box), their token a linear map
+            ``nn.Linear(D, embed_dim)`` (LightZero's sampled UniZero), and
+            ``num_actions`` is only the policy head's width (``2 * D`` for
+            :class:`~torchrl_muzero.modules.sampled.SampledModel`'s
+            tanh-normal). Node states then hold ``actions [B, max_blocks, D]``
+            (zeros where unused) and the fused C++ search is off (it looks
+            actions up in the table).
         zero_init_heads: start the value, reward and policy heads' last
             layer at zero (``False``, the default: GPT-initialised like the
             rest of the world model). Zeroed heads give an untrained model
@@ -210,10 +217,12 @@ class UniZeroModel(nn.Module):
         on_overflow: str = "rebuild",
         mlp_ratio: int = 4,
         zero_init_heads: bool = False,
+        action_dim: int | None = None,
     ) -> None:
         super().__init__()
         if int(num_actions) < 1:
             raise ValueError(f"num_actions must be >= 1, got {num_actions}.")
+        check_action_dim(action_dim)
         if context_length < 0 or context_length + 2 > max_blocks:
             raise ValueError(
                 f"need 0 <= context_length and context_length + 2 <= max_blocks (a root window plus one "
@@ -223,6 +232,7 @@ class UniZeroModel(nn.Module):
             raise ValueError(f"on_overflow must be one of {_OVERFLOW}, got {on_overflow!r}.")
         self.observation_shape = torch.Size(observation_shape)
         self.num_actions = int(num_actions)
+        self.action_dim = action_dim
         self.embed_dim = int(embed_dim)
         self.context_length = int(context_length)
         self.max_blocks = int(max_blocks)
@@ -233,11 +243,11 @@ class UniZeroModel(nn.Module):
         self.reward_support = CategoricalSupport(reward_support_size)
 
         self.transformer = CausalTransformer(embed_dim, num_layers, num_heads, self.max_tokens, position, mlp_ratio)
-        self.action_embedding = nn.Embedding(self.num_actions, embed_dim)
-        self.latent_head = _head(embed_dim, embed_dim)
-        self.reward_head = _head(embed_dim, self.reward_support.num_bins)
-        self.policy_head = _head(embed_dim, self.num_actions)
-        self.value_head = _head(embed_dim, self.value_support.num_bins)
+        self.action_embedding = action_embedding(self.num_actions, action_dim, embed_dim)
+        self.latent_head = head_mlp(embed_dim, embed_dim)
+        self.reward_head = head_mlp(embed_dim, self.reward_support.num_bins)
+        self.policy_head = head_mlp(embed_dim, self.num_actions)
+        self.value_head = head_mlp(embed_dim, self.value_support.num_bins)
         self.apply(self._init_weights)  # GPT initialisation for the world model, before the encoder exists
         if zero_init_heads:  # an untrained model values every action alike (docstring: why it is off)
             for head in (self.value_head, self.reward_head, self.policy_head):
@@ -267,8 +277,11 @@ class UniZeroModel(nn.Module):
         return self.encoder(flat).reshape(*batch, self.embed_dim)
 
     def _tokens(self, latents: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """``[B, n, E]``, ``[B, n]`` -> the interleaved ``[B, 2n, E]`` (unused actions ``-1`` embed as 0's)."""
-        act = self.action_embedding(actions.clamp_min(0))
+        """``[B, n, E]``, ``[B, n(, D)]`` -> the interleaved ``[B, 2n, E]`` (unused actions ``-1`` embed as 0's)."""
+        if self.action_dim is None:
+            act = self.action_embedding(actions.clamp_min(0))
+        else:  # float actions (unused ones zeros): only causality keeps an unused token from mattering
+            act = self.action_embedding(actions.to(latents.dtype))
         return torch.stack([latents, act.to(latents.dtype)], dim=2).flatten(1, 2)
 
     def _full(self, latents: torch.Tensor, actions: torch.Tensor, num_tokens: int):
@@ -293,7 +306,8 @@ class UniZeroModel(nn.Module):
         read at ``z_t``; ``reward_logits`` and ``next_latent`` (the prediction
         of ``z_{t+1}``) read at ``a_t``.
         """
-        B, T = actions.shape
+        B, T = actions.shape[:2]
+        check_actions(self, actions, (B, T), "actions")
         if latents.shape != (B, T, self.embed_dim):
             raise ValueError(
                 f"latents must be [B, T, {self.embed_dim}] with actions [B, T] = {tuple(actions.shape)}, "
@@ -301,7 +315,7 @@ class UniZeroModel(nn.Module):
             )
         if T > self.max_blocks:
             raise ValueError(f"T={T} steps is more than max_blocks={self.max_blocks}.")
-        h, _ = self._full(latents, actions.long(), 2 * T)
+        h, _ = self._full(latents, actions.long() if self.action_dim is None else actions, 2 * T)
         policy_logits, value_logits = self._latent_heads(h[:, 0::2])
         reward_logits, next_latent = self._action_heads(h[:, 1::2])
         return TensorDict(
@@ -325,7 +339,7 @@ class UniZeroModel(nn.Module):
     def initial_inference(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``observation [B, *obs]`` (no history) -> ``(latent, policy_logits, value_logits)``."""
         latent = self.encode(observation)
-        no_action = torch.full((latent.shape[0], 1), -1, dtype=torch.long, device=latent.device)
+        no_action = no_actions(self, (latent.shape[0], 1), latent.device)
         h, _ = self._full(latent[:, None], no_action, 1)
         policy_logits, value_logits = self._latent_heads(h[:, 0])
         return latent, policy_logits, value_logits
@@ -352,7 +366,7 @@ class UniZeroModel(nn.Module):
             if actions is not None and actions.numel():
                 raise ValueError("search_root got actions without a history window of observations.")
             latents = self.encode(observation)[:, None]
-            actions = latents.new_zeros((latents.shape[0], 0), dtype=torch.long)
+            actions = no_actions(self, (latents.shape[0], 0), latents.device)
         elif len(batch) == 2:
             latents = self.encode(observation)
             if actions is None:
@@ -410,9 +424,10 @@ class UniZeroModel(nn.Module):
         keep_cache = self.kv_cache and _keep_cache
         B, K1, E = latents.shape
         K = K1 - 1
-        if E != self.embed_dim or K < 0 or actions.shape != (B, K):
+        if E != self.embed_dim or K < 0 or actions.shape != (B, K, *action_shape(self)):
             raise ValueError(
-                f"root_from_latents expects latents [B, K + 1, {self.embed_dim}] and actions [B, K], got "
+                f"root_from_latents expects latents [B, K + 1, {self.embed_dim}] and actions "
+                f"{[B, K, *action_shape(self)]}, got "
                 f"{tuple(latents.shape)} and {tuple(actions.shape)}."
             )
         if K > self.context_length:
@@ -420,7 +435,7 @@ class UniZeroModel(nn.Module):
                 f"the history window has K={K} steps, more than context_length={self.context_length}; "
                 "pass only the last context_length steps."
             )
-        if actions.numel():
+        if actions.numel() and self.action_dim is None:
             low, high = torch.aminmax(actions)  # one op for both bounds: this runs before every search
             if int(low) < 0 or int(high) >= self.num_actions:
                 raise ValueError(f"history actions must lie in [0, {self.num_actions}).")
@@ -440,7 +455,7 @@ class UniZeroModel(nn.Module):
                     leaves["kv"] = kv
                 return ModelStep(TensorDict(leaves, [B]), torch.zeros_like(value), policy_logits, value)
         state_latents = latents.new_zeros(B, self.max_blocks, E)
-        state_actions = torch.full((B, self.max_blocks), -1, dtype=torch.long, device=device)
+        state_actions = no_actions(self, (B, self.max_blocks), device)
         if valid is None:
             # Full windows (the common case, and every row of a B = 1 search past an episode's
             # first steps): the packing below is the identity, so copy without its ~15 small ops.
@@ -457,8 +472,8 @@ class UniZeroModel(nn.Module):
             packed = latents.gather(1, src[..., None].expand(B, K1, E)) * (steps[None] < n[:, None])[..., None]
             state_latents[:, :K1] = packed
             if K:
-                packed_actions = actions.long().gather(1, src[:, :K].clamp(max=K - 1))
-                state_actions[:, :K] = torch.where(steps[None, :K] < (n - 1)[:, None], packed_actions, -1)
+                state_actions[:, :K] = pack_actions(self, actions, src[:, :K].clamp(max=K - 1),
+                                                    steps[None, :K] < (n - 1)[:, None])
             length = 2 * n - 1
         leaves = {"latents": state_latents, "actions": state_actions, "length": length}
         kv = self.transformer.empty_cache(B) if keep_cache else None
@@ -492,7 +507,7 @@ class UniZeroModel(nn.Module):
         drop = self.max_blocks - keep  # every overflowing row holds exactly max_blocks latents
         new_latents = torch.zeros_like(latents[idx])
         new_latents[:, :keep] = latents[idx, drop:]
-        new_actions = torch.full_like(actions[idx], -1)
+        new_actions = torch.full_like(actions[idx], -1 if self.action_dim is None else 0)
         new_actions[:, : keep - 1] = actions[idx, drop : self.max_blocks - 1]
         latents[idx], actions[idx] = new_latents, new_actions
         length[idx] = 2 * keep - 1
@@ -525,7 +540,7 @@ class UniZeroModel(nn.Module):
             n = (length + 1) // 2
         B = length.shape[0]
         rows = torch.arange(B, device=length.device)
-        action = action.long()
+        action = action.long() if self.action_dim is None else action.to(latents.dtype).reshape(B, self.action_dim)
         actions[rows, n - 1] = action
         if kv is not None:
             h_action, _ = self.transformer(self.action_embedding(action)[:, None], length[:, None], kv)
@@ -577,8 +592,7 @@ class UniZeroModel(nn.Module):
         return state["latents"][rows, (state["length"] - 1) // 2]
 
     def extra_repr(self) -> str:
-        return (
-            f"observation_shape={tuple(self.observation_shape)}, num_actions={self.num_actions}, "
-            f"context_length={self.context_length}, max_blocks={self.max_blocks}, "
-            f"kv_cache={self.kv_cache}, on_overflow={self.on_overflow!r}"
-        )
+        dim = f"action_dim={self.action_dim}, " if self.action_dim is not None else ""
+        return (f"observation_shape={tuple(self.observation_shape)}, num_actions={self.num_actions}, {dim}"
+                f"context_length={self.context_length}, max_blocks={self.max_blocks}, "
+                f"kv_cache={self.kv_cache}, on_overflow={self.on_overflow!r}")

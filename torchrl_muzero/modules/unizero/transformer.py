@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["RotaryEmbedding", "CausalTransformer"]
+__all__ = ["RotaryEmbedding", "CausalTransformer", "head_mlp"]
 
 _POSITIONS = ("absolute", "rope")
 
@@ -179,3 +179,8 @@ class CausalTransformer(nn.Module):
             x, new_kv = block(x, slots, None if cache is None else cache[:, :, layer], key_mask)
             kvs.append(new_kv)
         return self.ln_f(x), torch.stack(kvs, dim=2)
+
+
+def head_mlp(embed_dim: int, out_dim: int) -> nn.Sequential:
+    """A world-model head over the transformer's output: ``Linear -> GELU -> Linear`` (what the fused kernel reads)."""
+    return nn.Sequential(nn.Linear(embed_dim, embed_dim), nn.GELU(), nn.Linear(embed_dim, out_dim))
