@@ -46,6 +46,7 @@ __all__ = [
     "cpp_ez_search",
     "EZ_STATE_KEYS",
     "cpp_unizero_search",
+    "cpp_sampled_search",
     "bind_cpp_search",
     "has_gumbel_readout",
     "cpp_gumbel_readout",
@@ -468,6 +469,31 @@ def cpp_unizero_search(tree: Tree, fused: tuple, root_rule, interior_rule, preci
     _fused_kernel("unizero_search", "UniZero")(
         *_fused_tree_arrays(tree), emb.get("latents"), emb.get("actions"), emb.get("length"),
         emb.get("kv") if "kv" in emb.keys() else None, tensors, ints, floats,
+        *_fused_rule_arguments(tree, root_rule, interior_rule), **_precision_kwargs(precision),
+    )
+
+
+def cpp_sampled_search(tree: Tree, spec, root_rule, interior_rule, generator: torch.Generator | None = None,
+                       precision: str = "exact") -> None:
+    """Every simulation of a sampled search over a box in one C++ call, in place (kernel ``sampled_ez_search``).
+
+    ``spec`` is ``SampledModel.fused_kernel_spec()`` (entry ``"sampled_ez"``:
+    the base's 20 EfficientZero tensors then the box's ``low`` / ``high``;
+    ints ``(lstm_horizon_len,)``; floats ``(reward_eps, value_eps, ln_eps,
+    sigma (0: learned), min_scale, temperature, pre-tanh bound)``), and
+    ``tree.embeddings`` the sampled node state it declares, the root's
+    candidates written. Every new node's ``K`` candidates are drawn from
+    ``generator`` with the torch path's ``randn`` calls, in its order; its
+    slot prior is uniform. ``precision`` as by :func:`cpp_mlp_search`.
+    """
+    tensors, (low, high) = list(spec.tensors[:-2]), spec.tensors[-2:]
+    (horizon,) = spec.ints
+    reward_eps, value_eps, ln_eps, sigma, min_scale, temperature, bound = spec.floats
+    emb = tree.embeddings
+    _fused_kernel("sampled_ez_search", "sampled")(
+        *_fused_tree_arrays(tree), *(emb.get(leaf.key) for leaf in spec.node_state), tensors,
+        float(reward_eps), float(value_eps), float(ln_eps), int(horizon), low, high, float(sigma),
+        float(min_scale), float(temperature), float(bound), generator,
         *_fused_rule_arguments(tree, root_rule, interior_rule), **_precision_kwargs(precision),
     )
 
