@@ -128,6 +128,16 @@ BoxDraw check_box(const at::Tensor& low, const at::Tensor& high, int64_t D, int6
 const EzNet& pack_box_net(const std::vector<at::Tensor>& weights, int64_t D, double reward_eps,
                           double value_eps, double ln_eps, int64_t horizon) {
   TORCH_CHECK(D >= 1, "sampled_ez_search: the box needs D >= 1 dims, got ", D);
+  TORCH_CHECK(weights.size() == 20, "sampled_ez_search: expected 20 weight tensors, got ", weights.size());
+  for (int i : {0, 2, 16, 19})
+    TORCH_CHECK(weights[i].dim() == (i == 19 ? 1 : 2), "sampled_ez_search: weight ", i, " has ",
+                weights[i].dim(), " dims");
+  // L from dynamics.2.weight [L, Hd], V from the value bins: both must leave D inputs and 2D outputs
+  const int64_t L = weights[2].size(0), V = weights[19].size(0);
+  TORCH_CHECK(weights[0].size(1) == L + D && weights[16].size(0) == 2 * D + V,
+              "sampled_ez_search: the network does not fit a box of D = ", D, " dims: its dynamics take ",
+              weights[0].size(1), " inputs (latent ", L, " + D) and its policy head gives ",
+              weights[16].size(0) - V, " numbers (2D)");
   return pack_ez(weights, 2 * D, reward_eps, value_eps, ln_eps, horizon, D);
 }
 
