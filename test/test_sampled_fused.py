@@ -1,8 +1,10 @@
-"""The fused sampled search over a box (``sampled_ez_search``, torchrl_muzero/csrc/sampled_search.cpp).
+"""The fused sampled search over a box (``sampled_ez_search`` / ``sampled_mlp_search``,
+torchrl_muzero/csrc/sampled_search.cpp).
 
 The kernel runs SampledModel(EfficientZeroMLPModel(action_dim=D)) with the
-value-prefix step of the fused EfficientZero search and draws every new node's
-K candidates itself. Its random numbers are the torch path's: the same
+value-prefix step of the fused EfficientZero search (SampledModel(MuZeroMLPModel(
+action_dim=D)) with the fused MuZero step) and draws every new node's K
+candidates itself. Its random numbers are the torch path's: the same
 ``randn([B, K, D])`` calls on the search's generator, in the same order, so
 
 * the network step with its draws (test hook ``sampled_ez_recurrent``)
@@ -164,6 +166,36 @@ def test_search_matches_torch_path(B, roots, D, K, add_noise, sigma):
     assert same_visits >= 0.9 * total, (same_visits, same_trees, total)
 
 
+@pytest.mark.parametrize("B,D,K,sigma", [(1, 1, 5, None), (16, 2, 8, None), (8, 1, 20, 0.3)])
+def test_muzero_mlp_search_matches_torch_path(B, D, K, sigma):
+    same_visits = total = 0
+    for seed in range(3):
+        torch.manual_seed(seed)
+        base = MuZeroMLPModel((3,), 2 * D, latent_dim=24, hidden_dim=40, value_support_size=10,
+                              reward_support_size=10, zero_init_heads=False, action_dim=D).eval()
+        model = SampledModel(base, BoxActionSpace(-1.0, 2.0, (D,)), SampledProposal(num_samples=K), sigma=sigma)
+        assert model.fused_kernel_spec().kernel == "sampled_mlp"
+        obs = 2 * torch.randn(B, 3, generator=torch.Generator().manual_seed(seed))
+        runs = {}
+        for backend in ("torch", "cpp"):
+            g = torch.Generator().manual_seed(seed)
+            runs[backend] = (sampled_search(model, obs, MCTSConfig(num_simulations=30, backend=backend),
+                                            generator=g), g.get_state())
+        (ref, g_ref), (fused, g_fused) = runs["torch"], runs["cpp"]
+        assert (ref.engine, fused.engine) == ("torch", "cpp-fused")
+        assert torch.equal(g_ref, g_fused)
+        assert torch.equal(root_candidates(model, ref), root_candidates(model, fused))
+        trees = ref.tree.children_index.eq(fused.tree.children_index).flatten(1).all(-1)
+        emb_ref, emb_fused = ref.tree.embeddings[trees], fused.tree.embeddings[trees]
+        torch.testing.assert_close(emb_fused["candidate_actions"], emb_ref["candidate_actions"], rtol=0, atol=1e-5)
+        torch.testing.assert_close(emb_fused["node"], emb_ref["node"], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(fused.tree.children_reward[trees], ref.tree.children_reward[trees],
+                                   rtol=1e-4, atol=1e-3)
+        same_visits += int(ref.visit_counts.eq(fused.visit_counts).all(-1).sum())
+        total += B
+    assert same_visits >= 0.9 * total, (same_visits, total)
+
+
 def test_search_is_the_same_on_any_number_of_threads():
     model = _model(1, D=2, K=6)
     obs = torch.randn(24, 3, generator=torch.Generator().manual_seed(0))
@@ -208,13 +240,21 @@ def test_the_fused_path_is_taken_exactly_where_the_spec_is_offered():
     # slot logits that are not all 0, or a mixture of two scales: the loop
     assert _engine(_model(temperature=0.5)) == "cpp"
     assert _engine(_model(widened_fraction=0.5)) == "cpp"
-    # a base without a fused continuous step: deeper networks, MuZero's MLP, a disabled spec
+    # a base without a fused continuous step: deeper networks, a MuZero MLP with its own step, a disabled spec
     space = BoxActionSpace(-2.0, 2.0, (1,))
     deep = SampledModel(_base(0, layers=2), space, SampledProposal(num_samples=4))
     assert deep.fused_kernel_spec() is None and _engine(deep) == "cpp"
     muzero = SampledModel(MuZeroMLPModel((3,), 2, latent_dim=8, hidden_dim=8, action_dim=1), space,
                           SampledProposal(num_samples=4))
-    assert muzero.fused_kernel_spec() is None and _engine(muzero) == "cpp"
+    assert _engine(muzero) == "cpp-fused"
+
+    class OwnDynamics(MuZeroMLPModel):
+        def dynamics(self, latent, action):
+            return super().dynamics(latent, action)
+
+    mine = SampledModel(OwnDynamics((3,), 2, latent_dim=8, hidden_dim=8, action_dim=1), space,
+                        SampledProposal(num_samples=4))
+    assert mine.fused_kernel_spec() is None and _engine(mine) == "cpp"
     off = _model()
     off.base.fused_continuous_weights = lambda: None
     assert _engine(off) == "cpp"

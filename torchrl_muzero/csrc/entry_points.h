@@ -104,6 +104,11 @@ void sampled_ez_search(const FusedCall& call, const at::Tensor& latent, const at
                        double value_eps, double ln_eps, int64_t horizon, const at::Tensor& low,
                        const at::Tensor& high, double sigma, double min_scale,
                        double temperature, double bound, std::optional<at::Generator> generator);
+void sampled_mlp_search(const FusedCall& call, const at::Tensor& latent,
+                        const at::Tensor& candidates, const std::vector<at::Tensor>& weights,
+                        double reward_eps, double value_eps, const at::Tensor& low,
+                        const at::Tensor& high, double sigma, double min_scale,
+                        double temperature, double bound, std::optional<at::Generator> generator);
 
 // unizero_search.cpp
 std::vector<at::Tensor> unizero_recurrent(const std::vector<at::Tensor>& weights,

@@ -2,8 +2,10 @@
 // EfficientZero, Hubert et al. 2021) for SampledModel(EfficientZeroMLPModel(
 // ..., action_dim=D), BoxActionSpace): the value-prefix step of ez_net.h along
 // a slot's float action, then the new node's K candidates drawn from its
-// tanh-normal policy, as a Search of fused_loop.h's fused_search. Also the
-// step's test hook (sampled_ez_recurrent), bound in tree_ops.cpp.
+// tanh-normal policy, as a Search of fused_loop.h's fused_search; the same
+// for SampledModel(MuZeroMLPModel(..., action_dim=D)) on mlp_net.h's step.
+// Also the EfficientZero step's test hook (sampled_ez_recurrent), bound in
+// tree_ops.cpp.
 // ---------------------------------------------------------------------------
 // Why: the per-simulation torch path of a sampled search spends most of its
 // time outside the network's matrix products: the step's ~50 aten calls, the
@@ -50,6 +52,7 @@
 #include "entry_points.h"
 #include "ez_net.h"
 #include "fused_loop.h"
+#include "mlp_net.h"
 
 #ifdef MZ_HAVE_MLP_SEARCH
 
@@ -88,8 +91,9 @@ void draw_candidates(const BoxDraw& box, const float* params, const float* eps, 
 }
 
 // W1[:, L:] a for a continuous action a [D] into `out` (the dynamics' J
-// padded hidden units), the inputs summed in order.
-void action_input(const EzNet& net, const float* a, float* out) {
+// padded hidden units), the inputs summed in order. Net: EzNet or MlpNet.
+template <class Net>
+void action_input(const Net& net, const float* a, float* out) {
   const int64_t J = net.dyn1.J;
   const float* rows = net.action_rows.data();
   for (int64_t j = 0; j < J; ++j) out[j] = a[0] * rows[j];
@@ -123,22 +127,42 @@ BoxDraw check_box(const at::Tensor& low, const at::Tensor& high, int64_t D, int6
   return box;
 }
 
-// The network of a box with D dims: its policy head gives 2D numbers (a
-// tanh-normal's location and scale), its dynamics take D inputs.
+// Whether the network of `weights` fits a box of D dims: its dynamics take
+// D inputs after the latent and its policy head gives 2D numbers (a
+// tanh-normal's location and scale) before the value bins. `first`,
+// `second`, `head`, `bins`: the indices of the dynamics' two weights, the
+// prediction head's weight and the value bins in `weights`.
+void check_box_net(const char* who, const std::vector<at::Tensor>& weights, size_t count, int64_t D,
+                   int first, int second, int head, int bins) {
+  TORCH_CHECK(D >= 1, who, ": the box needs D >= 1 dims, got ", D);
+  TORCH_CHECK(weights.size() == count, who, ": expected ", count, " weight tensors, got ", weights.size());
+  for (int i : {first, second, head, bins})
+    TORCH_CHECK(weights[i].dim() == (i == bins ? 1 : 2), who, ": weight ", i, " has ", weights[i].dim(),
+                " dims");
+  // L from dynamics.2.weight [L, Hd], V from the value bins
+  const int64_t L = weights[second].size(0), V = weights[bins].size(0);
+  TORCH_CHECK(weights[first].size(1) == L + D && weights[head].size(0) == 2 * D + V, who,
+              ": the network does not fit a box of D = ", D, " dims: its dynamics take ",
+              weights[first].size(1), " inputs (latent ", L, " + D) and its policy head gives ",
+              weights[head].size(0) - V, " numbers (2D)");
+}
+
 const EzNet& pack_box_net(const std::vector<at::Tensor>& weights, int64_t D, double reward_eps,
                           double value_eps, double ln_eps, int64_t horizon) {
-  TORCH_CHECK(D >= 1, "sampled_ez_search: the box needs D >= 1 dims, got ", D);
-  TORCH_CHECK(weights.size() == 20, "sampled_ez_search: expected 20 weight tensors, got ", weights.size());
-  for (int i : {0, 2, 16, 19})
-    TORCH_CHECK(weights[i].dim() == (i == 19 ? 1 : 2), "sampled_ez_search: weight ", i, " has ",
-                weights[i].dim(), " dims");
-  // L from dynamics.2.weight [L, Hd], V from the value bins: both must leave D inputs and 2D outputs
-  const int64_t L = weights[2].size(0), V = weights[19].size(0);
-  TORCH_CHECK(weights[0].size(1) == L + D && weights[16].size(0) == 2 * D + V,
-              "sampled_ez_search: the network does not fit a box of D = ", D, " dims: its dynamics take ",
-              weights[0].size(1), " inputs (latent ", L, " + D) and its policy head gives ",
-              weights[16].size(0) - V, " numbers (2D)");
+  check_box_net("sampled_ez_search", weights, 20, D, 0, 2, 16, 19);
   return pack_ez(weights, 2 * D, reward_eps, value_eps, ln_eps, horizon, D);
+}
+
+// The Python loop's draws, in its order: one randn [B, K, D] per simulation
+// (`draws` keeps them alive, `eps` points at each).
+void draw_noise(const TreeArrays& t, int64_t D, std::optional<at::Generator> generator,
+                const at::TensorOptions& opts, std::vector<at::Tensor>& draws,
+                std::vector<const float*>& eps) {
+  draws.reserve(static_cast<size_t>(std::max<int64_t>(t.N - 1, 0)));
+  for (int64_t s = 0; s + 1 < t.N; ++s) {
+    draws.push_back(at::randn({t.B, t.A, D}, generator, opts));
+    eps.push_back(draws.back().data_ptr<float>());
+  }
 }
 
 }  // namespace
@@ -285,16 +309,87 @@ void sampled_ez_search(const FusedCall& call, const at::Tensor& latent, const at
   const EzNet& net = pack_box_net(weights, D, reward_eps, value_eps, ln_eps, horizon);
   const EzState st = check_ez_state(net, latent, lstm_h, lstm_c, value_prefix, steps, {t.B, t.N});
   const BoxDraw box = check_box(low, high, D, t.A, sigma, min_scale, temperature, bound);
-  // The Python loop's draws, in its order: one randn [B, K, D] per simulation.
   std::vector<at::Tensor> draws;
   std::vector<const float*> eps;
-  draws.reserve(static_cast<size_t>(std::max<int64_t>(t.N - 1, 0)));
-  for (int64_t s = 0; s + 1 < t.N; ++s) {
-    draws.push_back(at::randn({t.B, t.A, D}, generator, latent.options()));
-    eps.push_back(draws.back().data_ptr<float>());
-  }
+  draw_noise(t, D, generator, latent.options(), draws, eps);
   fused_search(call, SampledEzSearch{net, st, candidates.data_ptr<float>(), eps, box, t.N, call.fma,
                                      std::vector<float>(static_cast<size_t>(t.A), 0.0f)});
+}
+
+namespace {
+
+// The sampled MuZero MLP Search: the node state is the latent [B, N, L] plus
+// the candidates [B, N, K, D]; otherwise as SampledEzSearch.
+struct SampledMlpSearch {
+  const MlpNet& net;
+  float* latents;                        // [B, N, L]
+  float* cand;                           // [B, N, K, D]
+  const std::vector<const float*>& eps;  // per simulation s: [B, K, D]
+  BoxDraw box;
+  int64_t N;
+  bool fma;
+  std::vector<float> slot_logits;  // K zeros
+
+  struct Group {
+    const SampledMlpSearch& f;
+    MlpScratch& sc;
+    int64_t act[kGroup] = {};
+    float reward[kGroup], value[kGroup];
+    const float* in[kGroup];
+    float* out[kGroup];
+    const float* inputs_at[kGroup];
+    AlignedFloats inputs;       // [kGroup][J]: the rows' W1[:, L:] a
+    std::vector<float> params;  // [kGroup][2D]: the policy head's outputs
+
+    explicit Group(const SampledMlpSearch& search)
+        : f(search), sc(thread_scratch(search.net)),
+          inputs(static_cast<size_t>(kGroup * search.net.dyn1.J)),
+          params(static_cast<size_t>(kGroup * search.net.A)) {}
+    void gather(int64_t s, int64_t b, const Leaf& l, int64_t n) {
+      const int64_t from = b * f.N + l.node, J = f.net.dyn1.J;
+      action_input(f.net, f.cand + (from * f.box.K + l.action) * f.box.D, inputs.data() + s * J);
+      inputs_at[s] = inputs.data() + s * J;
+      in[s] = f.latents + from * f.net.L;
+      out[s] = f.latents + (b * f.N + n) * f.net.L;
+    }
+    void step(int64_t rows) {
+      mlp_step(f.net, sc, rows, in, act, out, reward, value, params.data(), /*baseline=*/false, f.fma,
+               inputs_at);
+    }
+    NodeOutput finish(int64_t s, int64_t b, int64_t n) {
+      const int64_t KD = f.box.K * f.box.D;
+      draw_candidates(f.box, params.data() + s * f.net.A, f.eps[n - 1] + b * KD,
+                      f.cand + (b * f.N + n) * KD);
+      return {reward[s], value[s], f.slot_logits.data(), nullptr};
+    }
+  };
+};
+
+}  // namespace
+
+// sampled_ez_search for SampledModel(MuZeroMLPModel(action_dim=D)): the node
+// state is the latent [B, N, L] (its "node" leaf), the edge reward the
+// step's own.
+void sampled_mlp_search(const FusedCall& call, const at::Tensor& latent,
+                        const at::Tensor& candidates, const std::vector<at::Tensor>& weights,
+                        double reward_eps, double value_eps, const at::Tensor& low,
+                        const at::Tensor& high, double sigma, double min_scale,
+                        double temperature, double bound, std::optional<at::Generator> generator) {
+  const TreeArrays& t = call.tree;
+  check_tensor(candidates, "candidate_actions", at::kFloat, 4);
+  const int64_t D = candidates.size(3);
+  check_shape(candidates, "candidate_actions", {t.B, t.N, t.A, D});
+  check_box_net("sampled_mlp_search", weights, 14, D, 0, 2, 10, 13);
+  const MlpNet& net = pack_mlp(weights, 2 * D, reward_eps, value_eps, D);
+  check_tensor(latent, "latent", at::kFloat, 3);
+  check_shape(latent, "latent", {t.B, t.N, net.L});
+  const BoxDraw box = check_box(low, high, D, t.A, sigma, min_scale, temperature, bound);
+  std::vector<at::Tensor> draws;
+  std::vector<const float*> eps;
+  draw_noise(t, D, generator, latent.options(), draws, eps);
+  fused_search(call, SampledMlpSearch{net, latent.data_ptr<float>(), candidates.data_ptr<float>(), eps,
+                                      box, t.N, call.fma,
+                                      std::vector<float>(static_cast<size_t>(t.A), 0.0f)});
 }
 
 }  // namespace tree_ops

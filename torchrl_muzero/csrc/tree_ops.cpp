@@ -35,8 +35,9 @@
 //   ez_net.*       EfficientZero's value-prefix step (LSTM, LayerNorm);
 //   ez_search.cpp  the EfficientZero Search;
 //   sampled_search.cpp
-//                  the sampled search over a box on EfficientZero's step:
-//                  the K candidates of every new node drawn in the kernel;
+//                  the sampled search over a box on EfficientZero's or
+//                  MuZero's MLP step: the K candidates of every new node
+//                  drawn in the kernel;
 //   unizero_net.*, unizero_search.cpp
 //                  UniZero's transformer step (per-node KV cache or full
 //                  recompute) and its Search.
@@ -374,6 +375,13 @@ void register_sampled(pybind11::module_& m) {
                    py::arg("layer_norm_eps"), py::arg("lstm_horizon_len"), py::arg("low"),
                    py::arg("high"), py::arg("sigma"), py::arg("min_scale"),
                    py::arg("temperature"), py::arg("bound"), py::arg("generator"));
+  def_fused_search(m, "sampled_mlp_search", &sampled_mlp_search,
+                   "sampled_ez_search for SampledModel(MuZeroMLPModel(action_dim=D)) (one hidden "
+                   "layer): the node state is the latent [B, N, L] and the candidates.",
+                   py::arg("latent"), py::arg("candidate_actions"), py::arg("weights"),
+                   py::arg("reward_eps"), py::arg("value_eps"), py::arg("low"), py::arg("high"),
+                   py::arg("sigma"), py::arg("min_scale"), py::arg("temperature"),
+                   py::arg("bound"), py::arg("generator"));
   m.def("sampled_ez_recurrent", &sampled_ez_recurrent,
         "Test hook: the fused sampled search's step (SampledModel.search_step) along "
         "float actions [B, D], the children's K candidates from `noise` [B, K, D]. "

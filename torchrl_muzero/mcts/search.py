@@ -162,7 +162,8 @@ FUSED_ENTRIES = {"mlp": ("mlp_search", _run_mlp), "ez": ("ez_search", _run_ez),
                  "unizero": ("unizero_search", _run_unizero)}
 #: The fused entries for a model whose nodes carry their own candidates (its ``slot_actions``): the
 #: sampled search over a box, which draws every new node's candidates in the kernel.
-SLOT_FUSED_ENTRIES = {"sampled_ez": ("sampled_ez_search", _run_sampled)}
+SLOT_FUSED_ENTRIES = {"sampled_ez": ("sampled_ez_search", _run_sampled),
+                      "sampled_mlp": ("sampled_mlp_search", _run_sampled)}
 
 
 def _run_fused(model, ops, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float,

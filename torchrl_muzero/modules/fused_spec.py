@@ -27,8 +27,9 @@ __all__ = ["FUSED_KERNELS", "FusedSpec", "StateLeaf", "fused_spec_of"]
 
 #: The kernel entries a :class:`FusedSpec` may name: MuZero's MLP step, EfficientZero's
 #: value-prefix LSTM step, Stochastic MuZero's afterstate/chance steps, UniZero's transformer step,
-#: and the sampled search over a box on EfficientZero's step (``SampledModel``: the K draws in the kernel).
-FUSED_KERNELS = ("mlp", "ez", "stochastic", "unizero", "sampled_ez")
+#: and the sampled search over a box on EfficientZero's or MuZero's MLP step (``SampledModel``: the K
+#: draws in the kernel).
+FUSED_KERNELS = ("mlp", "ez", "stochastic", "unizero", "sampled_ez", "sampled_mlp")
 
 
 class StateLeaf(NamedTuple):
@@ -79,7 +80,7 @@ class FusedSpec:
         >>> FusedSpec("conv", [], node_state=())
         Traceback (most recent call last):
         ...
-        ValueError: FusedSpec.kernel must be one of ('mlp', 'ez', 'stochastic', 'unizero', 'sampled_ez'), got 'conv'.
+        ValueError: FusedSpec.kernel must be one of ('mlp', 'ez', ..., 'sampled_mlp'), got 'conv'.
     """
 
     kernel: str

@@ -34,7 +34,7 @@ from torchrl_muzero.modules.sampled_proposal import SampledProposal
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.tanh_normal import MIN_SCALE, PRE_TANH_BOUND, TanhNormalPolicy
 
-__all__ = ["SAMPLED_EZ_NODE_STATE", "SampledModel", "policy_head_width"]
+__all__ = ["SAMPLED_EZ_NODE_STATE", "SAMPLED_MLP_NODE_STATE", "SampledModel", "policy_head_width"]
 
 _CANDIDATES = "candidate_actions"
 _NODE = "node"
@@ -46,6 +46,9 @@ SAMPLED_EZ_NODE_STATE = (
     StateLeaf((_NODE, "lstm_c"), torch.float32, 3), StateLeaf((_NODE, "value_prefix"), torch.float32, 2),
     StateLeaf((_NODE, "steps"), torch.int64, 2), StateLeaf(_CANDIDATES, torch.float32, 4),
 )
+
+#: The same for ``MuZeroMLPModel``'s latent node state (``sampled_mlp_search``).
+SAMPLED_MLP_NODE_STATE = (StateLeaf(_NODE, torch.float32, 3), StateLeaf(_CANDIDATES, torch.float32, 4))
 
 # What the fused kernel's node draws are: SampledModel's own. A subclass that changes any of these is not
 # this model any more and keeps the per-simulation loop.
@@ -194,12 +197,14 @@ class SampledModel(nn.Module):
     search_step.takes_generator = True  # the loop passes its generator: expansions draw reproducibly
 
     def fused_kernel_spec(self) -> FusedSpec | None:
-        """The fused sampled search (kernel entry ``"sampled_ez"``: the base's step, the ``K`` draws of every
-        new node and the tree in one C++ call), or ``None`` where the search runs the shared loop.
+        """The fused sampled search (kernel entry ``"sampled_ez"`` or ``"sampled_mlp"``: the base's step, the
+        ``K`` draws of every new node and the tree in one C++ call), or ``None`` where the search runs the
+        shared loop.
 
         It is offered for a box space whose base has a fused continuous step
-        (``fused_continuous_weights``: ``EfficientZeroMLPModel(..., action_dim=D)``
-        with one hidden layer, float32 on the CPU) and a proposal whose slot
+        (``fused_continuous_weights``: ``EfficientZeroMLPModel`` or
+        ``MuZeroMLPModel`` with ``action_dim=D`` and one hidden layer, float32
+        on the CPU) and a proposal whose slot
         prior is uniform (``prior="uniform"``, or the paper's prior with
         ``temperature=1``: ``beta = pi``), without a widened mixture. The
         kernel draws every node's candidates from the search's generator in
@@ -232,14 +237,17 @@ class SampledModel(nn.Module):
         fused = None if weights is None else weights()
         if fused is None or self.action_low.device.type != "cpu":
             return None
-        tensors, reward_eps, value_eps, ln_eps, horizon = fused
-        sigma = 0.0 if self.sigma is None else float(self.sigma)  # 0: the learned scale
-        return FusedSpec(
-            "sampled_ez", [*tensors, self.action_low.contiguous(), self.action_high.contiguous()],
-            ints=(horizon,),
-            floats=(reward_eps, value_eps, ln_eps, sigma, MIN_SCALE, float(proposal.temperature), PRE_TANH_BOUND),
-            node_state=SAMPLED_EZ_NODE_STATE,
-        )
+        box = [self.action_low.contiguous(), self.action_high.contiguous()]
+        # sigma 0: the learned scale
+        draws = (0.0 if self.sigma is None else float(self.sigma), MIN_SCALE, float(proposal.temperature),
+                 PRE_TANH_BOUND)
+        if len(fused) == 5:  # EfficientZero's: the value-prefix LSTM's eps and horizon too
+            tensors, reward_eps, value_eps, ln_eps, horizon = fused
+            return FusedSpec("sampled_ez", [*tensors, *box], ints=(horizon,),
+                             floats=(reward_eps, value_eps, ln_eps, *draws), node_state=SAMPLED_EZ_NODE_STATE)
+        tensors, reward_eps, value_eps = fused
+        return FusedSpec("sampled_mlp", [*tensors, *box], floats=(reward_eps, value_eps, *draws),
+                         node_state=SAMPLED_MLP_NODE_STATE)
 
     # -- what training sees: the base, along the env's actions ---------------------------------------
     def initial_inference(self, observation: torch.Tensor):
