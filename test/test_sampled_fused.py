@@ -289,8 +289,11 @@ def test_kernel_rejects_bad_inputs():
     model = _model(K=4)
     spec = model.fused_kernel_spec()
     out = sampled_search(model, torch.randn(2, 3), MCTSConfig(num_simulations=5, backend="cpp"))
+    g = torch.Generator().manual_seed(0)
+    before = g.get_state()
     with pytest.raises(RuntimeError, match="searched already"):
-        _cpp.cpp_sampled_search(out.tree, spec, PUCT(), PUCT())
+        _cpp.cpp_sampled_search(out.tree, spec, PUCT(), PUCT(), g)
+    assert torch.equal(g.get_state(), before)  # a rejected search draws nothing
     g = torch.Generator().manual_seed(0)
     state = model.sample_node(model.search_root(torch.randn(2, 3)), generator=g).state
     action = state["candidate_actions"][:, 0].contiguous()

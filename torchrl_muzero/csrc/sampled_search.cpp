@@ -154,10 +154,13 @@ const EzNet& pack_box_net(const std::vector<at::Tensor>& weights, int64_t D, dou
 }
 
 // The Python loop's draws, in its order: one randn [B, K, D] per simulation
-// (`draws` keeps them alive, `eps` points at each).
-void draw_noise(const TreeArrays& t, int64_t D, std::optional<at::Generator> generator,
+// (`draws` keeps them alive, `eps` points at each), once the trees are known
+// to be fresh.
+void draw_noise(const FusedCall& call, int64_t D, std::optional<at::Generator> generator,
                 const at::TensorOptions& opts, std::vector<at::Tensor>& draws,
                 std::vector<const float*>& eps) {
+  const TreeArrays& t = call.tree;
+  check_fresh_trees(call);  // a rejected search draws nothing
   draws.reserve(static_cast<size_t>(std::max<int64_t>(t.N - 1, 0)));
   for (int64_t s = 0; s + 1 < t.N; ++s) {
     draws.push_back(at::randn({t.B, t.A, D}, generator, opts));
@@ -311,7 +314,7 @@ void sampled_ez_search(const FusedCall& call, const at::Tensor& latent, const at
   const BoxDraw box = check_box(low, high, D, t.A, sigma, min_scale, temperature, bound);
   std::vector<at::Tensor> draws;
   std::vector<const float*> eps;
-  draw_noise(t, D, generator, latent.options(), draws, eps);
+  draw_noise(call, D, generator, latent.options(), draws, eps);
   fused_search(call, SampledEzSearch{net, st, candidates.data_ptr<float>(), eps, box, t.N, call.fma,
                                      std::vector<float>(static_cast<size_t>(t.A), 0.0f)});
 }
@@ -386,7 +389,7 @@ void sampled_mlp_search(const FusedCall& call, const at::Tensor& latent,
   const BoxDraw box = check_box(low, high, D, t.A, sigma, min_scale, temperature, bound);
   std::vector<at::Tensor> draws;
   std::vector<const float*> eps;
-  draw_noise(t, D, generator, latent.options(), draws, eps);
+  draw_noise(call, D, generator, latent.options(), draws, eps);
   fused_search(call, SampledMlpSearch{net, latent.data_ptr<float>(), candidates.data_ptr<float>(), eps,
                                       box, t.N, call.fma,
                                       std::vector<float>(static_cast<size_t>(t.A), 0.0f)});
