@@ -19,8 +19,11 @@ th_dot]`` of random Pendulum states).
 Ours, in this process: ``sampled_search(SampledModel(base, BoxActionSpace(-2,
 2, (1,)), SampledProposal(num_samples=K)), obs, MCTSConfig(num_simulations=50,
 backend=...))`` then ``root_candidates``; ``ours-auto`` is the default
-(the C++ tree bookkeeping, the torch model called per simulation; the fused
-kernels do not run sampled models), ``ours-torch`` the tree in tensor ops.
+(the fused sampled search: the network, the K draws per node and the tree in
+one C++ call, ``csrc/sampled_search.cpp``), ``ours-cpp-loop`` the C++ tree
+bookkeeping with the torch model called per simulation (the fused spec
+switched off: what ``auto`` ran before the fused kernel), ``ours-torch`` the
+tree in tensor ops.
 LightZero: ``lightzero_sampled_search.py --serve`` in its venv
 (``$TORCHRL_MUZERO_LZ_PYTHON``, default ``$TORCHRL_MUZERO_PEERS_DIR/lz/bin/python``,
 the folder defaulting to ``torchrl_muzero_peers`` under the temp folder), which
@@ -155,9 +158,11 @@ def our_runs(base, ks, backends, batches):
     gen = torch.Generator().manual_seed(0)
     runs = {}
     for K in ks:
-        model = sampled_model(base, K)
         for backend in backends:
-            cfg = MCTSConfig(num_simulations=50, backend=backend)
+            model = sampled_model(base, K)
+            if backend == "cpp-loop":  # the C++ bookkeeping, the model per simulation: no fused spec
+                model.fused_kernel_spec = lambda: None
+            cfg = MCTSConfig(num_simulations=50, backend="cpp" if backend == "cpp-loop" else backend)
 
             def run(B, model=model, cfg=cfg):
                 out = sampled_search(model, obs[B], cfg, generator=gen)
@@ -334,9 +339,11 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--ks", default="5,20", help="sampled actions per node")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--ours", default="auto,torch", help="our backends to time (MCTSConfig.backend)")
+    parser.add_argument("--ours", default="auto,cpp-loop,torch",
+                        help="our backends to time (MCTSConfig.backend; cpp-loop: the C++ tree, model per simulation)")
     parser.add_argument("--no-peer", action="store_true", help="time ours only")
-    parser.add_argument("--profile", action="store_true", help="cProfile ours (and LightZero) at B = 8, K = 20")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile ours (the per-simulation loop, cpp-loop; and LightZero) at B = 8, K = 20")
     parser.add_argument("--profile-searches", type=int, default=10)
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
@@ -376,8 +383,8 @@ def main() -> None:
                             records.append(rec)
             profiles = []
             if args.profile:
-                profiles.append(f"ours-auto, B = 8, K = 20, cProfile (top by own time):\n"
-                                + profile_ours(our_runs(base, [20], ["auto"], [8])[("ours-auto", 20)], 8,
+                profiles.append(f"ours-cpp-loop, B = 8, K = 20, cProfile (top by own time):\n"
+                                + profile_ours(our_runs(base, [20], ["cpp-loop"], [8])[("ours-cpp-loop", 20)], 8,
                                                args.profile_searches, 25))
                 if lz is not None:
                     profiles.append("lightzero, B = 8, K = 20, cProfile (top by own time):\n"

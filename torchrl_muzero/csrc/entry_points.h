@@ -89,6 +89,27 @@ void ez_search(const FusedCall& call, const at::Tensor& latent, const at::Tensor
                const std::vector<at::Tensor>& weights, double reward_eps, double value_eps,
                double ln_eps, int64_t horizon);
 
+// sampled_search.cpp
+std::vector<at::Tensor> sampled_ez_recurrent(
+    const std::vector<at::Tensor>& weights, int64_t D, double reward_eps, double value_eps,
+    double ln_eps, int64_t horizon, const at::Tensor& latent, const at::Tensor& h,
+    const at::Tensor& c, const at::Tensor& value_prefix, const at::Tensor& steps,
+    const at::Tensor& action, const at::Tensor& noise, const at::Tensor& low,
+    const at::Tensor& high, double sigma, double min_scale, double temperature, double bound,
+    bool baseline, bool fma);
+void sampled_ez_search(const FusedCall& call, const at::Tensor& latent, const at::Tensor& lstm_h,
+                       const at::Tensor& lstm_c, const at::Tensor& value_prefix,
+                       const at::Tensor& steps, const at::Tensor& candidates,
+                       const std::vector<at::Tensor>& weights, double reward_eps,
+                       double value_eps, double ln_eps, int64_t horizon, const at::Tensor& low,
+                       const at::Tensor& high, double sigma, double min_scale,
+                       double temperature, double bound, std::optional<at::Generator> generator);
+void sampled_mlp_search(const FusedCall& call, const at::Tensor& latent,
+                        const at::Tensor& candidates, const std::vector<at::Tensor>& weights,
+                        double reward_eps, double value_eps, const at::Tensor& low,
+                        const at::Tensor& high, double sigma, double min_scale,
+                        double temperature, double bound, std::optional<at::Generator> generator);
+
 // unizero_search.cpp
 std::vector<at::Tensor> unizero_recurrent(const std::vector<at::Tensor>& weights,
                                           const std::vector<int64_t>& ints,

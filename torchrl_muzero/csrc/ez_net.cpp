@@ -62,7 +62,8 @@ MZ_INLINE void ez_step_impl(const EzNet& net, EzScratch& sc, int64_t n,
 
   // Dynamics, as mlp_net.cpp: relu((W1_latent x + b1) + W1[:, L + a]), W2 . + b2.
   for (int64_t s = 0; s < n; ++s) {
-    extra[s] = net.action_rows.data() + rows.action[s] * net.dyn1.J;
+    extra[s] = rows.action_input[s] != nullptr ? rows.action_input[s]
+                                               : net.action_rows.data() + rows.action[s] * net.dyn1.J;
     row_out[s] = sc.hidden.data() + s * net.dyn1.J;
   }
   dense<V, F>(net.dyn1, n, rows.latent, extra, /*relu=*/true, row_out);
@@ -189,7 +190,7 @@ void pack_gates(Dense& d, const at::Tensor& w, const at::Tensor& b, int64_t K,
 // value_bins [V].
 const EzNet& pack_ez(const std::vector<at::Tensor>& weights, int64_t A,
                      double reward_eps, double value_eps, double ln_eps,
-                     int64_t horizon) {
+                     int64_t horizon, int64_t action_inputs) {
   const char* who = "ez_search";
   TORCH_CHECK(weights.size() == 20, who, ": expected 20 weight tensors, got ",
               weights.size());
@@ -200,9 +201,10 @@ const EzNet& pack_ez(const std::vector<at::Tensor>& weights, int64_t A,
   const int64_t Hd = weights[0].size(0), K = weights[5].size(1),
                 Hv = weights[10].size(0), R = weights[12].size(0),
                 Hq = weights[14].size(0);
-  const int64_t L = weights[0].size(1) - A, V = weights[16].size(0) - A;
+  const int64_t Ain = action_inputs > 0 ? action_inputs : A;
+  const int64_t L = weights[0].size(1) - Ain, V = weights[16].size(0) - A;
   TORCH_CHECK(L >= 1 && V >= 1, who, ": layer sizes do not fit ", A, " actions");
-  check_weight(weights[0], "dynamics.0.weight", {Hd, L + A}, who);
+  check_weight(weights[0], "dynamics.0.weight", {Hd, L + Ain}, who);
   check_weight(weights[1], "dynamics.0.bias", {Hd}, who);
   check_weight(weights[2], "dynamics.2.weight", {L, Hd}, who);
   check_weight(weights[3], "dynamics.2.bias", {L}, who);
@@ -223,15 +225,15 @@ const EzNet& pack_ez(const std::vector<at::Tensor>& weights, int64_t A,
   check_weight(weights[18], "reward_bins", {R}, who);
   check_weight(weights[19], "value_bins", {V}, who);
   net.L = L; net.A = A; net.K = K; net.R = R; net.V = V;
-  net.Hd = Hd; net.Hv = Hv; net.Hq = Hq; net.horizon = horizon;
+  net.Hd = Hd; net.Hv = Hv; net.Hq = Hq; net.horizon = horizon; net.action_inputs = Ain;
 
   const float* w1 = weights[0].data_ptr<float>();
   init_dense(net.dyn1, L, Hd);
-  pack_block(net.dyn1, w1, L + A, 0, 0, Hd, L, weights[1].data_ptr<float>(), 0);
-  net.action_rows.assign(static_cast<size_t>(A * net.dyn1.J), 0.0f);
+  pack_block(net.dyn1, w1, L + Ain, 0, 0, Hd, L, weights[1].data_ptr<float>(), 0);
+  net.action_rows.assign(static_cast<size_t>(Ain * net.dyn1.J), 0.0f);
   for (int64_t j = 0; j < Hd; ++j)
-    for (int64_t a = 0; a < A; ++a)
-      net.action_rows[a * net.dyn1.J + j] = w1[j * (L + A) + L + a];
+    for (int64_t a = 0; a < Ain; ++a)
+      net.action_rows[a * net.dyn1.J + j] = w1[j * (L + Ain) + L + a];
   init_dense(net.dyn2, Hd, L);
   pack_block(net.dyn2, weights[2].data_ptr<float>(), Hd, 0, 0, L, Hd,
              weights[3].data_ptr<float>(), 0);

@@ -40,8 +40,12 @@ namespace tree_ops {
 struct EzNet {
   int64_t L = 0, A = 0, K = 0, R = 0, V = 0, Hd = 0, Hv = 0, Hq = 0;
   int64_t horizon = 1;  // lstm_horizon_len
+  // The dynamics' action inputs: A (a one-hot over the policy's A actions) or
+  // D (a sampled model's continuous actions [D]; the policy head then gives
+  // 2D numbers, a tanh-normal's location and scale).
+  int64_t action_inputs = 0;
   Dense dyn1, dyn2, lstm_ih, lstm_hh, vp1, vp2, pred1, pred_out;
-  std::vector<float> action_rows;  // [A][dyn1.J]: W1[:, L + a], padded
+  std::vector<float> action_rows;  // [action_inputs][dyn1.J]: W1[:, L + a], padded
   std::vector<float> ln_gamma, ln_beta, reward_bins, value_bins;
   float ln_eps = 1e-5f;
   InverseH reward_h{1e-3}, value_h{1e-3};
@@ -62,6 +66,9 @@ struct EzRows {
   float parent_prefix[kGroup];
   int64_t parent_steps[kGroup];
   int64_t action[kGroup];
+  // Set for row s: this J-vector (W1[:, L:] a of a continuous action, the
+  // sampled search's) replaces the one-hot column action_rows[action[s]].
+  const float* action_input[kGroup] = {};
   float* next_latent[kGroup];
   float* next_h[kGroup];
   float* next_c[kGroup];
@@ -73,9 +80,25 @@ struct EzRows {
 
 // weights: the 20 tensors of EfficientZeroMLPModel.fused_value_prefix_weights()
 // (order in ez_net.cpp); packed into a per-thread EzNet reused across calls.
+// `action_inputs` > 0: the dynamics take that many continuous inputs instead
+// of a one-hot over the A policy outputs (fused_continuous_weights()).
 const EzNet& pack_ez(const std::vector<at::Tensor>& weights, int64_t A,
                      double reward_eps, double value_eps, double ln_eps,
-                     int64_t horizon);
+                     int64_t horizon, int64_t action_inputs = 0);
+
+// The node state's five arrays (the TensorDict leaves of tree.embeddings, or
+// of a search_step state) for `rows` rows, checked against the net.
+struct EzState {
+  float* latent;
+  float* h;
+  float* c;
+  float* prefix;
+  int64_t* steps;
+};
+
+EzState check_ez_state(const EzNet& net, const at::Tensor& latent, const at::Tensor& h,
+                       const at::Tensor& c, const at::Tensor& prefix, const at::Tensor& steps,
+                       at::IntArrayRef rows);
 
 EzScratch& thread_ez_scratch(const EzNet& net);
 

@@ -11,22 +11,10 @@
 #ifdef MZ_HAVE_MLP_SEARCH
 
 namespace tree_ops {
-namespace {
 
-// The node state's five arrays (the TensorDict leaves of tree.embeddings, or
-// of a search_step state) for `rows` rows.
-struct EzState {
-  float* latent;
-  float* h;
-  float* c;
-  float* prefix;
-  int64_t* steps;
-};
-
-EzState check_state(const EzNet& net, const at::Tensor& latent,
-                    const at::Tensor& h, const at::Tensor& c,
-                    const at::Tensor& prefix, const at::Tensor& steps,
-                    at::IntArrayRef rows) {
+EzState check_ez_state(const EzNet& net, const at::Tensor& latent, const at::Tensor& h,
+                       const at::Tensor& c, const at::Tensor& prefix, const at::Tensor& steps,
+                       at::IntArrayRef rows) {
   const int64_t dim = static_cast<int64_t>(rows.size());
   std::vector<int64_t> with_l(rows.begin(), rows.end()), with_k = with_l;
   with_l.push_back(net.L);
@@ -45,8 +33,6 @@ EzState check_state(const EzNet& net, const at::Tensor& latent,
           prefix.data_ptr<float>(), steps.data_ptr<int64_t>()};
 }
 
-}  // namespace
-
 // Test hook: search_step for a batch of states. Returns (next_latent, lstm_h,
 // lstm_c, value_prefix, steps, reward, policy_logits, value, prior).
 std::vector<at::Tensor> ez_recurrent(
@@ -59,7 +45,7 @@ std::vector<at::Tensor> ez_recurrent(
                              ln_eps, horizon);
   check_tensor(action, "action", at::kLong, 1);
   const int64_t B = action.size(0);
-  const EzState in = check_state(net, latent, h, c, value_prefix, steps, {B});
+  const EzState in = check_ez_state(net, latent, h, c, value_prefix, steps, {B});
   const int64_t* act = action.data_ptr<int64_t>();
   for (int64_t i = 0; i < B; ++i)
     TORCH_CHECK(act[i] >= 0 && act[i] < net.A, "ez_search: action ", act[i],
@@ -159,7 +145,7 @@ void ez_search(const FusedCall& call, const at::Tensor& latent, const at::Tensor
                double ln_eps, int64_t horizon) {
   const TreeArrays& t = call.tree;
   const EzNet& net = pack_ez(weights, t.A, reward_eps, value_eps, ln_eps, horizon);
-  const EzState st = check_state(net, latent, lstm_h, lstm_c, value_prefix, steps, {t.B, t.N});
+  const EzState st = check_ez_state(net, latent, lstm_h, lstm_c, value_prefix, steps, {t.B, t.N});
   fused_search(call, EzSearch{net, st, t.N, call.fma});
 }
 

@@ -159,15 +159,23 @@ TREE_OPS_INLINE void softmax_prior(const float* logits, int64_t n, float* prior)
 // logits, raw value and prior (softmax_prior), and the expansion and backup
 // of tree_common.h. Trees go in groups of kGroup over for_row_chunks; the GIL
 // is released throughout.
+// Simulation s relies on a fresh tree (node s + 1 unattached when it
+// starts): reject a tree that was searched already. (fused_search checks it;
+// a search that draws before it starts checks it first, so that a rejected
+// call leaves its generator as it was.)
+inline void check_fresh_trees(const FusedCall& call) {
+  const TreeArrays& t = call.tree;
+  const int64_t N = t.N;
+  for (int64_t b = 0; b < t.B; ++b)
+    TORCH_CHECK(t.vc[b * N] == 0 && (N < 2 || t.par[b * N + 1] == -1), call.who, ": tree ", b,
+                " was searched already; pass a fresh tree from allocate_tree");
+}
+
 template <class Search>
 void fused_search(const FusedCall& call, const Search& search) {
   const TreeArrays& t = call.tree;
   const int64_t N = t.N, A = t.A;
-  // Simulation s relies on a fresh tree (node s + 1 unattached when it
-  // starts): reject a tree that was searched already.
-  for (int64_t b = 0; b < t.B; ++b)
-    TORCH_CHECK(t.vc[b * N] == 0 && (N < 2 || t.par[b * N + 1] == -1), call.who, ": tree ", b,
-                " was searched already; pass a fresh tree from allocate_tree");
+  check_fresh_trees(call);
   with_rules(call.root, call.interior, t, call.extra, [&](const auto& rr0, const auto& ir0) {
     GilRelease no_gil;
     for_row_chunks(t.B, [&](int64_t b0, int64_t b1) {

@@ -15,7 +15,7 @@ template <class V, bool F>
 MZ_INLINE void mlp_step_impl(const MlpNet& net, MlpScratch& sc, int64_t n,
                              const float* const* in, const int64_t* act,
                              float* const* out, float* reward, float* value,
-                             float* logits) {
+                             float* logits, const float* const* action_input) {
   const int64_t L = net.L, A = net.A;
   const float* row_in[kGroup];
   float* row_out[kGroup];
@@ -23,7 +23,8 @@ MZ_INLINE void mlp_step_impl(const MlpNet& net, MlpScratch& sc, int64_t n,
 
   // Dynamics: relu((W1_latent x + b1) + W1[:, L + a]), then W2 . + b2.
   for (int64_t s = 0; s < n; ++s) {
-    extra[s] = net.action_rows.data() + act[s] * net.dyn1.J;
+    extra[s] = action_input != nullptr ? action_input[s]
+                                       : net.action_rows.data() + act[s] * net.dyn1.J;
     row_out[s] = sc.hidden.data() + s * net.dyn1.J;
   }
   dense<V, F>(net.dyn1, n, in, extra, /*relu=*/true, row_out);
@@ -72,7 +73,7 @@ MZ_INLINE void mlp_step_impl(const MlpNet& net, MlpScratch& sc, int64_t n,
 // capacity, so a small search does not pay fresh allocations (page faults)
 // for ~0.4 MB of weights every call.
 const MlpNet& pack_mlp(const std::vector<at::Tensor>& weights, int64_t A,
-                       double reward_eps, double value_eps) {
+                       double reward_eps, double value_eps, int64_t action_inputs) {
   TORCH_CHECK(weights.size() == 14, "mlp_search: expected 14 weight tensors "
               "(12 parameters and the two bin vectors), got ", weights.size());
   thread_local MlpNet net;
@@ -82,12 +83,13 @@ const MlpNet& pack_mlp(const std::vector<at::Tensor>& weights, int64_t A,
               "mlp_search: weight matrices must be 2-d");
   const int64_t Hd = weights[0].size(0), Hr = weights[4].size(0),
                 Hq = weights[8].size(0), R = weights[6].size(0);
-  const int64_t L = weights[0].size(1) - A;
+  const int64_t Ain = action_inputs > 0 ? action_inputs : A;
+  const int64_t L = weights[0].size(1) - Ain;
   TORCH_CHECK(L >= 1, "mlp_search: dynamics layer has ", weights[0].size(1),
-              " inputs, fewer than the ", A, " actions plus a latent");
+              " inputs, fewer than the ", Ain, " action inputs plus a latent");
   const int64_t V = weights[10].size(0) - A;
   TORCH_CHECK(V >= 1, "mlp_search: prediction head has too few outputs");
-  check_weight(weights[0], "dynamics.0.weight", {Hd, L + A});
+  check_weight(weights[0], "dynamics.0.weight", {Hd, L + Ain});
   check_weight(weights[1], "dynamics.0.bias", {Hd});
   check_weight(weights[2], "dynamics.2.weight", {L, Hd});
   check_weight(weights[3], "dynamics.2.bias", {L});
@@ -102,16 +104,16 @@ const MlpNet& pack_mlp(const std::vector<at::Tensor>& weights, int64_t A,
   check_weight(weights[12], "reward_bins", {R});
   check_weight(weights[13], "value_bins", {V});
   net.L = L; net.A = A; net.R = R; net.V = V;
-  net.Hd = Hd; net.Hr = Hr; net.Hq = Hq;
+  net.Hd = Hd; net.Hr = Hr; net.Hq = Hq; net.action_inputs = Ain;
   const float* w1 = weights[0].data_ptr<float>();
   const float* b1 = weights[1].data_ptr<float>();
 
   init_dense(net.dyn1, L, Hd);
-  pack_block(net.dyn1, w1, L + A, 0, 0, Hd, L, b1, 0);
-  net.action_rows.assign(static_cast<size_t>(A * net.dyn1.J), 0.0f);
+  pack_block(net.dyn1, w1, L + Ain, 0, 0, Hd, L, b1, 0);
+  net.action_rows.assign(static_cast<size_t>(Ain * net.dyn1.J), 0.0f);
   for (int64_t j = 0; j < Hd; ++j)
-    for (int64_t a = 0; a < A; ++a)
-      net.action_rows[a * net.dyn1.J + j] = w1[j * (L + A) + L + a];
+    for (int64_t a = 0; a < Ain; ++a)
+      net.action_rows[a * net.dyn1.J + j] = w1[j * (L + Ain) + L + a];
 
   init_dense(net.dyn2, Hd, L);
   pack_block(net.dyn2, weights[2].data_ptr<float>(), Hd, 0, 0, L, Hd,
@@ -152,8 +154,8 @@ MlpScratch& thread_scratch(const MlpNet& net) {
 #define MZ_STEP_PARAMS                                                      \
   const MlpNet &net, MlpScratch &sc, int64_t n, const float *const *in,      \
       const int64_t *act, float *const *out, float *reward, float *value,    \
-      float *logits
-#define MZ_STEP_ARGS net, sc, n, in, act, out, reward, value, logits
+      float *logits, const float *const *action_input
+#define MZ_STEP_ARGS net, sc, n, in, act, out, reward, value, logits, action_input
 
 namespace {
 
@@ -178,7 +180,9 @@ __attribute__((target("avx2,fma"))) void mlp_step_fma(MZ_STEP_PARAMS) {
 // The search step for n <= kGroup rows (see mlp_step_impl); `baseline`
 // forces the 4-wide build (the test hook compares the two), `fma` the FMA
 // copy where the CPU runs it.
-void mlp_step(MZ_STEP_PARAMS, bool baseline, bool fma) {
+void mlp_step(const MlpNet& net, MlpScratch& sc, int64_t n, const float* const* in,
+              const int64_t* act, float* const* out, float* reward, float* value, float* logits,
+              bool baseline, bool fma, const float* const* action_input) {
 #ifdef MZ_X86_AVX2_PATH
   if (fma && cpu_has_avx2_fma()) return mlp_step_fma(MZ_STEP_ARGS);
   if (!baseline && cpu_has_avx2()) return mlp_step_avx2(MZ_STEP_ARGS);

@@ -111,8 +111,11 @@ constexpr int64_t kGroup = 32;
 
 struct MlpNet {
   int64_t L = 0, A = 0, R = 0, V = 0, Hd = 0, Hr = 0, Hq = 0;
+  // The dynamics' action inputs: A (a one-hot over the A policy outputs) or D
+  // (a sampled model's continuous actions; its policy head gives 2D numbers).
+  int64_t action_inputs = 0;
   Dense dyn1, dyn2, trunks, reward_out, pred_out;
-  std::vector<float> action_rows;  // [A][dyn1.J]: W1[:, L + a], padded
+  std::vector<float> action_rows;  // [action_inputs][dyn1.J]: W1[:, L + a], padded
   std::vector<float> reward_bins, value_bins;
   InverseH reward_h{1e-3}, value_h{1e-3};
 };
@@ -124,8 +127,10 @@ struct MlpScratch {
 
 // weights: the 14 tensors of MuZeroMLPModel.fused_search_weights() (see
 // mlp_net.cpp); packed into a per-thread MlpNet reused across calls.
+// `action_inputs` > 0: the dynamics take that many continuous inputs instead
+// of a one-hot over the A policy outputs (fused_continuous_weights()).
 const MlpNet& pack_mlp(const std::vector<at::Tensor>& weights, int64_t A,
-                       double reward_eps, double value_eps);
+                       double reward_eps, double value_eps, int64_t action_inputs = 0);
 
 // The per-thread activation buffers, sized for `net`.
 MlpScratch& thread_scratch(const MlpNet& net);
@@ -136,10 +141,14 @@ MlpScratch& thread_scratch(const MlpNet& net);
 // softmax_prior, fused_loop.h). `baseline` forces the 4-wide build (the test
 // hook compares the two); `fma` takes the opt-in FMA copy where the CPU has
 // AVX2 and FMA (kernel_has_fma), else the exact dispatch above.
+// `action_input` (optional, n rows of dyn1.J floats: W1[:, L:] a of a
+// continuous action, the sampled search's) replaces the one-hot columns of
+// `act`.
 void mlp_step(const MlpNet& net, MlpScratch& sc, int64_t n,
               const float* const* in, const int64_t* act, float* const* out,
               float* reward, float* value, float* logits,
-              bool baseline = false, bool fma = false);
+              bool baseline = false, bool fma = false,
+              const float* const* action_input = nullptr);
 
 // Whether `fma = true` runs the FMA copies on this CPU (x86 with AVX2 and
 // FMA); elsewhere the steps fall back to the exact path.

@@ -34,6 +34,10 @@
 //                  the same for Stochastic MuZero's two-kind step;
 //   ez_net.*       EfficientZero's value-prefix step (LSTM, LayerNorm);
 //   ez_search.cpp  the EfficientZero Search;
+//   sampled_search.cpp
+//                  the sampled search over a box on EfficientZero's or
+//                  MuZero's MLP step: the K candidates of every new node
+//                  drawn in the kernel;
 //   unizero_net.*, unizero_search.cpp
 //                  UniZero's transformer step (per-node KV cache or full
 //                  recompute) and its Search.
@@ -357,6 +361,40 @@ void register_ez(pybind11::module_& m) {
         py::arg("action"), py::arg("baseline") = false, py::arg("fma") = false);
 }
 
+void register_sampled(pybind11::module_& m) {
+  namespace py = pybind11;
+  def_fused_search(m, "sampled_ez_search", &sampled_ez_search,
+                   "Run every simulation of a sampled search over a box for "
+                   "SampledModel(EfficientZeroMLPModel(action_dim=D)) on a fresh tree whose "
+                   "root (state, K candidates, noised prior) is initialised, in place: each "
+                   "new node's K candidates drawn from its tanh-normal policy with "
+                   "`generator`, the draws of the torch path's N - 1 randn [B, K, D] calls.",
+                   py::arg("latent"), py::arg("lstm_h"), py::arg("lstm_c"),
+                   py::arg("value_prefix"), py::arg("steps"), py::arg("candidate_actions"),
+                   py::arg("weights"), py::arg("reward_eps"), py::arg("value_eps"),
+                   py::arg("layer_norm_eps"), py::arg("lstm_horizon_len"), py::arg("low"),
+                   py::arg("high"), py::arg("sigma"), py::arg("min_scale"),
+                   py::arg("temperature"), py::arg("bound"), py::arg("generator"));
+  def_fused_search(m, "sampled_mlp_search", &sampled_mlp_search,
+                   "sampled_ez_search for SampledModel(MuZeroMLPModel(action_dim=D)) (one hidden "
+                   "layer): the node state is the latent [B, N, L] and the candidates.",
+                   py::arg("latent"), py::arg("candidate_actions"), py::arg("weights"),
+                   py::arg("reward_eps"), py::arg("value_eps"), py::arg("low"), py::arg("high"),
+                   py::arg("sigma"), py::arg("min_scale"), py::arg("temperature"),
+                   py::arg("bound"), py::arg("generator"));
+  m.def("sampled_ez_recurrent", &sampled_ez_recurrent,
+        "Test hook: the fused sampled search's step (SampledModel.search_step) along "
+        "float actions [B, D], the children's K candidates from `noise` [B, K, D]. "
+        "Returns [next_latent, lstm_h, lstm_c, value_prefix, steps, reward, "
+        "policy_params, value, candidates].",
+        py::arg("weights"), py::arg("D"), py::arg("reward_eps"), py::arg("value_eps"),
+        py::arg("layer_norm_eps"), py::arg("lstm_horizon_len"), py::arg("latent"),
+        py::arg("lstm_h"), py::arg("lstm_c"), py::arg("value_prefix"), py::arg("steps"),
+        py::arg("action"), py::arg("noise"), py::arg("low"), py::arg("high"),
+        py::arg("sigma"), py::arg("min_scale"), py::arg("temperature"), py::arg("bound"),
+        py::arg("baseline") = false, py::arg("fma") = false);
+}
+
 void register_unizero(pybind11::module_& m) {
   namespace py = pybind11;
   def_fused_search(m, "unizero_search", &unizero_search,
@@ -394,6 +432,7 @@ void register_mlp(pybind11::module_& m) { register_gumbel_readout(m); }
 void register_stochastic(pybind11::module_&) {}
 void register_ez(pybind11::module_&) {}
 void register_unizero(pybind11::module_&) {}
+void register_sampled(pybind11::module_&) {}
 
 #endif  // MZ_HAVE_MLP_SEARCH
 
@@ -439,5 +478,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   tree_ops::register_stochastic(m);
   tree_ops::register_ez(m);
   tree_ops::register_unizero(m);
+  tree_ops::register_sampled(m);
   tree_ops::register_root_ops(m);
 }

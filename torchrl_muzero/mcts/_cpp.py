@@ -46,6 +46,7 @@ __all__ = [
     "cpp_ez_search",
     "EZ_STATE_KEYS",
     "cpp_unizero_search",
+    "cpp_sampled_search",
     "bind_cpp_search",
     "has_gumbel_readout",
     "cpp_gumbel_readout",
@@ -468,6 +469,33 @@ def cpp_unizero_search(tree: Tree, fused: tuple, root_rule, interior_rule, preci
     _fused_kernel("unizero_search", "UniZero")(
         *_fused_tree_arrays(tree), emb.get("latents"), emb.get("actions"), emb.get("length"),
         emb.get("kv") if "kv" in emb.keys() else None, tensors, ints, floats,
+        *_fused_rule_arguments(tree, root_rule, interior_rule), **_precision_kwargs(precision),
+    )
+
+
+def cpp_sampled_search(tree: Tree, spec, root_rule, interior_rule, generator: torch.Generator | None = None,
+                       precision: str = "exact") -> None:
+    """Every simulation of a sampled search over a box in one C++ call, in place.
+
+    ``spec`` is ``SampledModel.fused_kernel_spec()``: entry ``"sampled_ez"``
+    (kernel ``sampled_ez_search``: the base's 20 EfficientZero tensors, ints
+    ``(lstm_horizon_len,)``, floats ``(reward_eps, value_eps, ln_eps, ...)``)
+    or ``"sampled_mlp"`` (``sampled_mlp_search``: MuZero's 14 tensors, floats
+    ``(reward_eps, value_eps, ...)``), the tensors ending with the box's
+    ``low`` / ``high`` and the floats with ``(sigma (0: learned), min_scale,
+    temperature, pre-tanh bound)``. ``tree.embeddings`` is the sampled node
+    state the spec declares, the root's candidates written. Every new node's
+    ``K`` candidates are drawn from ``generator`` with the torch path's
+    ``randn`` calls, in its order; its slot prior is uniform. ``precision`` as
+    by :func:`cpp_mlp_search`.
+    """
+    name = {"sampled_ez": "sampled_ez_search", "sampled_mlp": "sampled_mlp_search"}[spec.kernel]
+    tensors, (low, high) = list(spec.tensors[:-2]), spec.tensors[-2:]
+    net_floats, draw_floats = [float(x) for x in spec.floats[:-4]], [float(x) for x in spec.floats[-4:]]
+    emb = tree.embeddings
+    _fused_kernel(name, "sampled")(
+        *_fused_tree_arrays(tree), *(emb.get(leaf.key) for leaf in spec.node_state), tensors, *net_floats,
+        *(int(i) for i in spec.ints), low, high, *draw_floats, generator,
         *_fused_rule_arguments(tree, root_rule, interior_rule), **_precision_kwargs(precision),
     )
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 
 SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp", "stochastic_net.cpp", "stochastic_search.cpp",
-           "ez_net.cpp", "ez_search.cpp", "unizero_net.cpp", "unizero_search.cpp", "root_ops.cpp")
+           "ez_net.cpp", "ez_search.cpp", "sampled_search.cpp", "unizero_net.cpp", "unizero_search.cpp",
+           "root_ops.cpp")
 HEADERS = ("tree_common.h", "rules.h", "gumbel_rules.h", "dispatch.h", "mlp_net.h", "mlp_kernels.h",
            "stochastic_net.h", "ez_net.h", "gumbel_readout.h", "fused_loop.h", "unizero_net.h",
            "pack_cache.h", "entry_points.h")

@@ -32,7 +32,7 @@ from torchrl_muzero.modules.fused_spec import FusedSpec, fused_spec_of
 from torchrl_muzero.modules.step import ModelStep
 from torchrl_muzero.modules.unizero.fused import use_kernel
 
-__all__ = ["ENGINES", "FUSED_ENTRIES", "SearchResult", "backend_scope", "check_action_mask", "muzero_search",
+__all__ = ["ENGINES", "FUSED_ENTRIES", "SLOT_FUSED_ENTRIES", "SearchResult", "backend_scope", "check_action_mask", "muzero_search",
            "run_engine", "run_rules", "search", "search_from_root", "search_observations",
            "select_action", "visit_result"]
 
@@ -133,29 +133,41 @@ def _resolve_backend(config: MCTSConfig, device: torch.device):
     return ops
 
 
-def _run_mlp(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule, discount: float) -> None:
+def _run_mlp(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule, discount: float,
+             generator: torch.Generator | None = None) -> None:
     _cpp.cpp_mlp_search(tree, spec.tensors, *spec.floats, root_rule, interior_rule, config.kernel_precision)
 
 
-def _run_ez(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule, discount: float) -> None:
+def _run_ez(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule, discount: float,
+            generator: torch.Generator | None = None) -> None:
     _cpp.cpp_ez_search(tree, (spec.tensors, *spec.floats, *spec.ints), root_rule, interior_rule,
                        config.kernel_precision)
 
 
-def _run_unizero(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule, discount: float) -> None:
+def _run_unizero(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule, discount: float,
+                 generator: torch.Generator | None = None) -> None:
     _cpp.cpp_unizero_search(tree, (spec.tensors, spec.ints, spec.floats), root_rule, interior_rule,
                             config.kernel_precision)
 
 
+def _run_sampled(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule, discount: float,
+                 generator: torch.Generator | None = None) -> None:
+    _cpp.cpp_sampled_search(tree, spec, root_rule, interior_rule, generator, config.kernel_precision)
+
+
 #: The fused entries :func:`run_engine` runs: ``FusedSpec.kernel`` -> (the loaded kernel's function, the
-#: ``_cpp`` call). (``"stochastic"`` is Stochastic MuZero's search's own: its interior rule and edge
-#: discounts are not these searches'.)
+#: ``_cpp`` call), for models whose slots are their actions. (``"stochastic"`` is Stochastic MuZero's
+#: search's own: its interior rule and edge discounts are not these searches'.)
 FUSED_ENTRIES = {"mlp": ("mlp_search", _run_mlp), "ez": ("ez_search", _run_ez),
                  "unizero": ("unizero_search", _run_unizero)}
+#: The fused entries for a model whose nodes carry their own candidates (its ``slot_actions``): the
+#: sampled search over a box, which draws every new node's candidates in the kernel.
+SLOT_FUSED_ENTRIES = {"sampled_ez": ("sampled_ez_search", _run_sampled),
+                      "sampled_mlp": ("sampled_mlp_search", _run_sampled)}
 
 
 def _run_fused(model, ops, tree: Tree, config: MCTSConfig, root_rule, interior_rule, discount: float,
-               entries: dict) -> bool:
+               entries: dict, generator: torch.Generator | None = None) -> bool:
     """Run every simulation in one C++ call (select, network, expand, backup) if the model's
     :class:`~torchrl_muzero.modules.fused_spec.FusedSpec` allows it here; answer whether it ran.
 
@@ -169,7 +181,8 @@ def _run_fused(model, ops, tree: Tree, config: MCTSConfig, root_rule, interior_r
     models (~2.4 ms for a UniZero step at B = 1), which dominate small-batch
     searches. The fused network rounds differently from BLAS in the last
     bits, so near-tied choices can differ from the torch path
-    (test/test_fused_search.py).
+    (test/test_fused_search.py). ``generator`` is the search's: an entry that
+    draws (the sampled search's candidates) draws from it.
     """
     if ops is None:
         return False
@@ -179,7 +192,7 @@ def _run_fused(model, ops, tree: Tree, config: MCTSConfig, root_rule, interior_r
     entry = entries.get(spec.kernel)
     if entry is None or getattr(ops, entry[0], None) is None or not spec.matches(tree.embeddings):
         return False
-    entry[1](tree, spec, config, root_rule, interior_rule, discount)
+    entry[1](tree, spec, config, root_rule, interior_rule, discount, generator)
     return True
 
 
@@ -250,16 +263,21 @@ def run_engine(model, tree: Tree, config: MCTSConfig, root_rule, interior_rule, 
 
     ``slot_actions`` maps the tree's slots to the actions the model's step
     takes (default: the model's own ``slot_actions``, none for a discrete
-    model: slots are actions); a slot-mapped search always takes the loop
-    (the fused kernels serve discrete models only). ``generator`` reaches a
-    step that asks for it (:func:`~torchrl_muzero.mcts.loop.step_with_generator`).
+    model: slots are actions). A model with its own map may still be fused
+    when its spec is one of :data:`SLOT_FUSED_ENTRIES` (the sampled search
+    over a box); a map given here always takes the loop. ``generator``
+    reaches a step that asks for it
+    (:func:`~torchrl_muzero.mcts.loop.step_with_generator`), and a fused
+    entry that draws.
     """
     ops = _resolve_backend(config, tree.visit_count.device)
     cpp_rules = cpp_rules_supported(ops, root_rule, interior_rule)
+    own_map = slot_actions is None
     if slot_actions is None:
         slot_actions = slot_actions_of(model)
-    if slot_actions is None and cpp_rules and _run_fused(model, ops, tree, config, root_rule, interior_rule,
-                                                         discount, FUSED_ENTRIES):
+    entries = FUSED_ENTRIES if slot_actions is None else SLOT_FUSED_ENTRIES
+    if own_map and cpp_rules and _run_fused(model, ops, tree, config, root_rule, interior_rule, discount,
+                                            entries, generator):
         return "cpp-fused"
     # the loop descends in C++ exactly when the kernel knows both rules (loop.run_search)
     run_search(tree, step_of(model), config.num_simulations, root_rule, interior_rule, discount, ops,

@@ -137,7 +137,7 @@ class StochasticRule:
 
 
 def _run_stochastic(tree: Tree, spec: FusedSpec, config: MCTSConfig, root_rule, interior_rule,
-                    discount: float) -> None:
+                    discount: float, generator: torch.Generator | None = None) -> None:
     _cpp.cpp_stochastic_search(tree, spec.tensors, *spec.floats, discount, root_rule, interior_rule,
                                config.kernel_precision)
 

@@ -374,6 +374,32 @@ class EfficientZeroMLPModel(EfficientZeroModel, MuZeroMLPModel):
             >>> EfficientZeroMLPModel((4,), 2, num_layers=2).fused_value_prefix_weights() is None
             True
         """
+        if self.action_dim is not None:  # the kernel looks actions up as one-hot columns
+            return None
+        return self._value_prefix_kernel_weights()
+
+    def fused_continuous_weights(self) -> tuple[list[torch.Tensor], float, float, float, int] | None:
+        """:meth:`fused_value_prefix_weights` for a model of continuous actions (``action_dim`` set), else ``None``.
+
+        The same tensors and conditions; the dynamics' first weight is ``[H, L + D]``
+        (the ``D`` action inputs after the latent). The sampled search's fused
+        kernel (``SampledModel.fused_kernel_spec``, ``csrc/sampled_search.cpp``)
+        runs this step along its candidates' float actions.
+
+        Examples:
+            >>> from torchrl_muzero.modules import EfficientZeroMLPModel
+            >>> box = EfficientZeroMLPModel((3,), 2, latent_dim=8, hidden_dim=8, lstm_hidden_size=8, action_dim=1)
+            >>> box.fused_value_prefix_weights() is None, len(box.fused_continuous_weights()[0])
+            (True, 20)
+            >>> EfficientZeroMLPModel((3,), 2, latent_dim=8, hidden_dim=8).fused_continuous_weights() is None
+            True
+        """
+        if self.action_dim is None:
+            return None
+        return self._value_prefix_kernel_weights()
+
+    def _value_prefix_kernel_weights(self) -> tuple[list[torch.Tensor], float, float, float, int] | None:
+        # the checks and tensors both fused entries share: one hidden layer, torch's own modules, float32 CPU
         cls, base = type(self), EfficientZeroMLPModel
         overridden = any(
             getattr(cls, name) is not getattr(owner, name)
@@ -394,7 +420,6 @@ class EfficientZeroMLPModel(EfficientZeroModel, MuZeroMLPModel):
             or head[0].weight is None
             or head[0].bias is None
             or tuple(head[0].normalized_shape) != (self.lstm_hidden_size,)
-            or self.action_dim is not None  # the kernel looks actions up as one-hot columns
         ):
             return None
         first, _, last = self.dynamics_net

@@ -26,14 +26,17 @@ from tensordict import TensorDictBase
 __all__ = ["FUSED_KERNELS", "FusedSpec", "StateLeaf", "fused_spec_of"]
 
 #: The kernel entries a :class:`FusedSpec` may name: MuZero's MLP step, EfficientZero's
-#: value-prefix LSTM step, Stochastic MuZero's afterstate/chance steps, UniZero's transformer step.
-FUSED_KERNELS = ("mlp", "ez", "stochastic", "unizero")
+#: value-prefix LSTM step, Stochastic MuZero's afterstate/chance steps, UniZero's transformer step,
+#: and the sampled search over a box on EfficientZero's or MuZero's MLP step (``SampledModel``: the K
+#: draws in the kernel).
+FUSED_KERNELS = ("mlp", "ez", "stochastic", "unizero", "sampled_ez", "sampled_mlp")
 
 
 class StateLeaf(NamedTuple):
     """One leaf of the node state a fused kernel reads and writes (``tree.embeddings``).
 
-    ``key`` is the TensorDict key, or ``None`` for a node state that is one
+    ``key`` is the TensorDict key (a tuple for a nested leaf: a sampled
+    model's ``("node", "latent")``), or ``None`` for a node state that is one
     plain tensor (MuZero's latent); ``ndim`` the dims of the tree's
     ``[B, N, ...]`` leaf, ``None`` for any.
 
@@ -44,7 +47,7 @@ class StateLeaf(NamedTuple):
         StateLeaf(key='steps', dtype=torch.int64, ndim=None)
     """
 
-    key: str | None
+    key: str | tuple[str, ...] | None
     dtype: torch.dtype
     ndim: int | None = None
 
@@ -77,7 +80,7 @@ class FusedSpec:
         >>> FusedSpec("conv", [], node_state=())
         Traceback (most recent call last):
         ...
-        ValueError: FusedSpec.kernel must be one of ('mlp', 'ez', 'stochastic', 'unizero'), got 'conv'.
+        ValueError: FusedSpec.kernel must be one of ('mlp', 'ez', ..., 'sampled_mlp'), got 'conv'.
     """
 
     kernel: str
@@ -97,7 +100,10 @@ class FusedSpec:
         leaves = self.node_state
         if isinstance(state, torch.Tensor):
             return len(leaves) == 1 and leaves[0].key is None and _leaf_ok(state, leaves[0])
-        if not isinstance(state, TensorDictBase) or set(state.keys()) != {leaf.key for leaf in leaves}:
+        if not isinstance(state, TensorDictBase):
+            return False
+        # every leaf, nested ones as tuple keys (a flat TensorDict's are its plain keys)
+        if set(state.keys(include_nested=True, leaves_only=True)) != {leaf.key for leaf in leaves}:
             return False
         return all(_leaf_ok(state.get(leaf.key), leaf) for leaf in leaves)
 

@@ -174,10 +174,44 @@ class MuZeroMLPModel(MuZeroModel):
         cls = type(self)
         if (
             cls.recurrent_inference_scalar is not MuZeroMLPModel.recurrent_inference_scalar
-            or cls.decode_reward_and_value is not MuZeroModel.decode_reward_and_value
+            or self.action_dim is not None  # the kernel looks actions up as one-hot columns
+        ):
+            return None
+        return self._kernel_weights()
+
+    def fused_continuous_weights(self) -> tuple[list[torch.Tensor], float, float] | None:
+        """:meth:`fused_search_weights` for a model of continuous actions (``action_dim`` set), else ``None``.
+
+        The same tensors; the dynamics' first weight is ``[H, L + D]`` (the
+        ``D`` action inputs after the latent). The sampled search's fused kernel
+        (``SampledModel.fused_kernel_spec``, ``csrc/sampled_search.cpp``) runs
+        this step (:meth:`dynamics` on the concatenated input, :meth:`predict`,
+        the decodes) along its candidates' float actions; a subclass that
+        overrides any of them gets ``None``.
+
+        Examples:
+            >>> from torchrl_muzero.modules import MuZeroMLPModel
+            >>> box = MuZeroMLPModel((3,), 2, latent_dim=8, hidden_dim=8, action_dim=1)
+            >>> box.fused_search_weights() is None, len(box.fused_continuous_weights()[0])
+            (True, 14)
+        """
+        cls = type(self)
+        if self.action_dim is None or any(
+            getattr(cls, name) is not getattr(owner, name)
+            for owner, name in (
+                (MuZeroModel, "search_step"), (MuZeroMLPModel, "recurrent_inference_scalar"),
+                (MuZeroMLPModel, "dynamics"), (MuZeroMLPModel, "encode_action"), (MuZeroMLPModel, "predict"),
+            )
+        ):
+            return None
+        return self._kernel_weights()
+
+    def _kernel_weights(self) -> tuple[list[torch.Tensor], float, float] | None:
+        # the checks and tensors both fused entries share: one hidden layer, the decodes, float32 CPU
+        if (
+            type(self).decode_reward_and_value is not MuZeroModel.decode_reward_and_value
             or len(self.dynamics_net) != 3
             or len(self.reward_head) != 3
-            or self.action_dim is not None  # the kernel looks actions up as one-hot columns
         ):
             return None
         first, _, last = self.dynamics_net

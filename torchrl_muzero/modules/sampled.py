@@ -28,15 +28,31 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from torchrl_muzero.envs.action_spaces import ActionSpace, BoxActionSpace
+from torchrl_muzero.modules.fused_spec import FusedSpec, StateLeaf
 from torchrl_muzero.modules.policy_distribution import CategoricalPolicy, PolicyDistribution
 from torchrl_muzero.modules.sampled_proposal import SampledProposal
 from torchrl_muzero.modules.step import ModelStep
-from torchrl_muzero.modules.tanh_normal import TanhNormalPolicy
+from torchrl_muzero.modules.tanh_normal import MIN_SCALE, PRE_TANH_BOUND, TanhNormalPolicy
 
-__all__ = ["SampledModel", "policy_head_width"]
+__all__ = ["SAMPLED_EZ_NODE_STATE", "SAMPLED_MLP_NODE_STATE", "SampledModel", "policy_head_width"]
 
 _CANDIDATES = "candidate_actions"
 _NODE = "node"
+
+#: The node state of a box sampled search over ``EfficientZeroMLPModel`` in the order the fused kernel
+#: (``sampled_ez_search``) takes it: the base's five leaves under ``"node"``, then the candidates ``[B, N, K, D]``.
+SAMPLED_EZ_NODE_STATE = (
+    StateLeaf((_NODE, "latent"), torch.float32, 3), StateLeaf((_NODE, "lstm_h"), torch.float32, 3),
+    StateLeaf((_NODE, "lstm_c"), torch.float32, 3), StateLeaf((_NODE, "value_prefix"), torch.float32, 2),
+    StateLeaf((_NODE, "steps"), torch.int64, 2), StateLeaf(_CANDIDATES, torch.float32, 4),
+)
+
+#: The same for ``MuZeroMLPModel``'s latent node state (``sampled_mlp_search``).
+SAMPLED_MLP_NODE_STATE = (StateLeaf(_NODE, torch.float32, 3), StateLeaf(_CANDIDATES, torch.float32, 4))
+
+# What the fused kernel's node draws are: SampledModel's own. A subclass that changes any of these is not
+# this model any more and keeps the per-simulation loop.
+_FUSED_METHODS = ("search_step", "sample_node", "policy_distribution", "slot_actions")
 
 
 def policy_head_width(action_space: ActionSpace) -> int:
@@ -191,9 +207,58 @@ class SampledModel(nn.Module):
 
     search_step.takes_generator = True  # the loop passes its generator: expansions draw reproducibly
 
-    def fused_kernel_spec(self) -> None:
-        """None: the fused kernels enumerate a fixed action set; a sampled search runs the shared loop."""
-        return None
+    def fused_kernel_spec(self) -> FusedSpec | None:
+        """The fused sampled search (kernel entry ``"sampled_ez"`` or ``"sampled_mlp"``: the base's step, the
+        ``K`` draws of every new node and the tree in one C++ call), or ``None`` where the search runs the
+        shared loop.
+
+        It is offered for a box space whose base has a fused continuous step
+        (``fused_continuous_weights``: ``EfficientZeroMLPModel`` or
+        ``MuZeroMLPModel`` with ``action_dim=D`` and one hidden layer, float32
+        on the CPU) and a proposal whose slot
+        prior is uniform (``prior="uniform"``, or the paper's prior with
+        ``temperature=1``: ``beta = pi``), without a widened mixture. The
+        kernel draws every node's candidates from the search's generator in
+        the torch path's order (``csrc/sampled_search.cpp``); the root's are
+        drawn in Python as before (:func:`~torchrl_muzero.mcts.sampled.sampled_search`).
+
+        Examples:
+            >>> import torch
+            >>> from torchrl_muzero.envs.action_spaces import BoxActionSpace
+            >>> from torchrl_muzero.modules import EfficientZeroMLPModel
+            >>> from torchrl_muzero.modules.sampled import SampledModel
+            >>> from torchrl_muzero.modules.sampled_proposal import SampledProposal
+            >>> base = EfficientZeroMLPModel((3,), 2, latent_dim=8, hidden_dim=8, lstm_hidden_size=8, action_dim=1)
+            >>> space = BoxActionSpace(-2.0, 2.0, (1,))
+            >>> SampledModel(base, space, SampledProposal(num_samples=4)).fused_kernel_spec().kernel
+            'sampled_ez'
+            >>> SampledModel(base, space, SampledProposal(4, temperature=0.5)).fused_kernel_spec() is None
+            True
+        """
+        if self.action_space.is_discrete:
+            return None
+        proposal, cls = self.proposal, type(self)
+        if proposal.num_widened or (proposal.prior == "paper" and proposal.temperature != 1.0):
+            return None  # slot logits that are not all 0: the kernel's prior is uniform only
+        if self.sigma is not None and not self.sigma > 0:
+            return None  # the torch path raises the error
+        if any(getattr(cls, name) is not getattr(SampledModel, name) for name in _FUSED_METHODS):
+            return None
+        weights = getattr(self.base, "fused_continuous_weights", None)
+        fused = None if weights is None else weights()
+        if fused is None or self.action_low.device.type != "cpu":
+            return None
+        box = [self.action_low.contiguous(), self.action_high.contiguous()]
+        # sigma 0: the learned scale
+        draws = (0.0 if self.sigma is None else float(self.sigma), MIN_SCALE, float(proposal.temperature),
+                 PRE_TANH_BOUND)
+        if len(fused) == 5:  # EfficientZero's: the value-prefix LSTM's eps and horizon too
+            tensors, reward_eps, value_eps, ln_eps, horizon = fused
+            return FusedSpec("sampled_ez", [*tensors, *box], ints=(horizon,),
+                             floats=(reward_eps, value_eps, ln_eps, *draws), node_state=SAMPLED_EZ_NODE_STATE)
+        tensors, reward_eps, value_eps = fused
+        return FusedSpec("sampled_mlp", [*tensors, *box], floats=(reward_eps, value_eps, *draws),
+                         node_state=SAMPLED_MLP_NODE_STATE)
 
     # -- what training sees: the base, along the env's actions ---------------------------------------
     def forward(self, *args, **kwargs):

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from torchrl_muzero.modules.policy_distribution import PolicyDistribution
 
-__all__ = ["PRE_TANH_BOUND", "SQUASHED_BOUND", "TanhNormalPolicy"]
+__all__ = ["MIN_SCALE", "PRE_TANH_BOUND", "SQUASHED_BOUND", "TanhNormalPolicy"]
 
 #: ``|tanh(u)|`` never exceeds this: a stored action stays strictly inside ``[low, high]``
 #: (by ``(high - low) * 5e-4``), so ``atanh`` of it is finite when the learner recomputes ``log pi``.
@@ -35,6 +35,8 @@ SQUASHED_BOUND: float = 1.0 - 1e-3
 #: ``c = atanh(1 - 1e-3)`` (about 3.8): samples clamp the pre-tanh ``u`` to ``[-c, c]`` and
 #: :meth:`TanhNormalPolicy.log_prob` clamps ``y = tanh(u)`` to ``[-tanh(c), tanh(c)]``: the same bound.
 PRE_TANH_BOUND: float = math.atanh(SQUASHED_BOUND)
+#: The floor :meth:`TanhNormalPolicy.from_params` adds to a learned scale (``softplus(raw) + MIN_SCALE``).
+MIN_SCALE: float = 1e-3
 
 _LOG_2 = math.log(2.0)
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -112,7 +114,7 @@ class TanhNormalPolicy(PolicyDistribution):
         low: float | torch.Tensor,
         high: float | torch.Tensor,
         sigma: float | None = None,
-        min_scale: float = 1e-3,
+        min_scale: float = MIN_SCALE,
     ) -> TanhNormalPolicy:
         """The policy of a model head's output ``params [..., 2D]``.
 
