@@ -18,9 +18,9 @@ if os.environ.get("TORCHRL_MUZERO_NO_EXT", "0") != "1":
         from torch.utils.cpp_extension import BuildExtension, CppExtension
 
         csrc = os.path.join("torchrl_muzero", "csrc")
-        # The sources and flags, shared with the JIT build (torchrl_muzero/mcts/_cpp.py).
+        # The sources and flags, shared with the JIT build (torchrl_muzero/kernel/__init__.py).
         spec = importlib.util.spec_from_file_location(
-            "_kernel_build", os.path.join("torchrl_muzero", "mcts", "_kernel_build.py"))
+            "_kernel_build", os.path.join("torchrl_muzero", "kernel", "build.py"))
         kernel_build = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(kernel_build)
         sources = [os.path.join(csrc, f) for f in kernel_build.SOURCES]

@@ -23,7 +23,7 @@ from torch import nn
 from torchrl.collectors import MultiSyncCollector
 from torchrl.weight_update import MultiProcessWeightSyncScheme
 
-from torchrl_muzero.trainers.torchrl_guards import (
+from torchrl_muzero.torchrl_guards import (
     GuardedWeightSyncScheme,
     LockedPolicy,
     publish_weights,

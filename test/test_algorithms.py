@@ -175,7 +175,7 @@ def test_async_dead_collector_stops_the_run(tmp_path, name):
     """A collector killed mid-run stops the run within seconds, naming it (alone under xdist: conftest.py)."""
     trainer = AsyncTrainer(tiny_config(tmp_path / "dead", **_keys(name), **{"train.total_env_steps": 10**6,
                                                                            "async_pipeline.num_evaluator_actors": 0}))
-    killed = kill_when_training(trainer, 5, lambda: trainer.collector.procs[0].pid)
+    killed = kill_when_training(trainer, 5, lambda: trainer.backend.collector.procs[0].pid)
     summary = trainer.run()
     assert killed, "the run never reached 5 updates"
     assert summary["status"] == "fault" and "collector " in summary["reason"] and "died" in summary["reason"]

@@ -390,7 +390,7 @@ def _pong_rollout(pool, frames, seed=0):
 @pytest.mark.timeout(180)
 def test_env_pool_async_collects_the_games_serialenv_collects():
     """A Collector runs Pong through the guarded AsyncEnvPool: frames, rewards and outer-transform keys intact."""
-    from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool
+    from torchrl_muzero.torchrl_guards import GuardedAsyncEnvPool
 
     env, batch = _pong_rollout("async", 400)
     assert isinstance(env.base_env, GuardedAsyncEnvPool) and env.base_env.resolved_exchange == "shm"

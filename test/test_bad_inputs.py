@@ -20,7 +20,7 @@ import torch
 
 from pipeline_utils import tiny_config
 from torchrl_muzero.trainers import SyncTrainer, load_config
-from torchrl_muzero.trainers.config_checks import RANGES, _numeric_leaves
+from torchrl_muzero.trainers.config_ranges import RANGES, _numeric_leaves
 from torchrl_muzero.trainers.hydra_entry import preflight
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from torchrl_muzero.trainers import AsyncTrainer, load_config
+from torchrl_muzero.trainers.local_backend import LocalBackend
 from torchrl_muzero.trainers.cpu_budget import LearnerThreads
 
 
@@ -64,7 +65,7 @@ def test_busy_actor_cpus_counts_collecting_workers_and_running_evaluations(waiti
     fake = SimpleNamespace(cfg=cfg, collector=SimpleNamespace(queue_out=_Queue(waiting)),
                            evaluators=SimpleNamespace(inflight=inflight))
     # a worker whose batch waits in the queue is idle until the driver takes the batch
-    assert AsyncTrainer._busy_actor_cpus(fake) == expected
+    assert LocalBackend.busy_actor_cpus(fake) == expected
 
 
 def test_busy_actor_cpus_without_qsize():
@@ -72,7 +73,7 @@ def test_busy_actor_cpus_without_qsize():
     for waiting, expected in ((0, 1), (1, 0)):
         fake = SimpleNamespace(cfg=cfg, collector=SimpleNamespace(queue_out=_Queue(waiting, qsize=False)),
                                evaluators=None)
-        assert AsyncTrainer._busy_actor_cpus(fake) == expected
+        assert LocalBackend.busy_actor_cpus(fake) == expected
 
 
 def test_trainers_keep_the_thread_count_they_were_started_with(tmp_path, monkeypatch):
@@ -142,7 +143,7 @@ def test_async_actors_run_nicer_than_the_driver(tmp_path):
     def watch():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not seen.get("done"):
-            collector, evaluators = getattr(trainer, "collector", None), getattr(trainer, "evaluators", None)
+            collector, evaluators = trainer.backend.collector, trainer.backend.evaluators
             # an evaluation came back: the evaluator process is past its start-up
             if collector is not None and evaluators is not None and trainer.best_return > float("-inf"):
                 try:

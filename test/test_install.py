@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from torchrl_muzero.mcts import _cpp, _kernel_build
+from torchrl_muzero.kernel import build as _kernel_build
+from torchrl_muzero.mcts import _cpp
 
 
 @pytest.mark.skipif(os.environ.get("TORCHRL_MUZERO_REQUIRE_EXT") != "1",

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from pipeline_utils import tiny_config
-from torchrl_muzero.trainers import async_pipeline, evaluator
+from torchrl_muzero.trainers import evaluator, local_backend
+from torchrl_muzero.trainers.shared_control import SharedControl
+from torchrl_muzero.trainers.worker_env import action_spec_of
 from torchrl_muzero.trainers.config import config_to_dict, load_config
 
 # An exit handler registered before the module's (so it runs after it: atexit is last in, first out)
@@ -52,7 +54,7 @@ def test_the_heap_is_frozen_when_the_exit_handlers_run_and_files_still_land(tmp_
 @pytest.fixture
 def registrations(monkeypatch):
     calls = []
-    for module in (async_pipeline, evaluator):
+    for module in (local_backend, evaluator):
         monkeypatch.setattr(module, "freeze_heap_at_exit", lambda: calls.append(True) or True)
     return calls
 
@@ -64,9 +66,9 @@ def _cfg_dict(tmp_path) -> dict:
 
 def test_a_collector_worker_registers_it(tmp_path, registrations):
     cfg_dict = _cfg_dict(tmp_path)
-    control = async_pipeline.SharedControl(5)
+    control = SharedControl(5)
     try:
-        policy = async_pipeline._make_worker_policy(cfg_dict, (4,), 2, async_pipeline.action_spec_of(
+        policy = local_backend.make_worker_policy(cfg_dict, (4,), 2, action_spec_of(
             load_config(cfg_dict)), control, "cpu", seed=0)
     finally:
         control.close()

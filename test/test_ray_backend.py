@@ -26,15 +26,15 @@ from torchrl_muzero.trainers import AsyncTrainer  # noqa: E402
 from torchrl_muzero.trainers.checkpoint import load_checkpoint  # noqa: E402
 from torchrl_muzero.algorithms import algorithm_names  # noqa: E402
 from torchrl_muzero.envs.action_spaces import BoxActionSpace  # noqa: E402
-from torchrl_muzero.trainers.async_pipeline import action_spec_of  # noqa: E402
 from torchrl_muzero.trainers.builders import build_model  # noqa: E402
 from torchrl_muzero.trainers.config import config_to_dict, load_config  # noqa: E402
 from torchrl_muzero.trainers.ray_backend import (  # noqa: E402
     CollectorActor,
-    RayAsyncTrainer,
+    RayBackend,
     RaySession,
     WeightPacker,
 )
+from torchrl_muzero.trainers.worker_env import action_spec_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,13 +53,17 @@ def _ray_config(tmp_path, **overrides):
                                     "async_pipeline.num_evaluator_actors": 0, **overrides})
 
 
-class _Recorder(RayAsyncTrainer):
-    def _take_batch(self, batch, budgets):
-        train_iters = self.versions.train_iters(batch["policy_version"])
+class _Recorder(RayBackend):
+    """The Ray backend, recording what the driver is handed and what it waits for (given to AsyncTrainer)."""
+
+    def next_batch(self):
+        batch = super().next_batch()
+        versions = self.driver.versions
+        train_iters = versions.train_iters(batch["policy_version"])
         self.seen_lags = getattr(self, "seen_lags", []) + (batch["learner_iter"] - train_iters).flatten().tolist()
         # a version is fixed within one collect: every frame of the batch has the same one
         self.versions_per_batch = getattr(self, "versions_per_batch", []) + [batch["policy_version"].unique().numel()]
-        super()._take_batch(batch, budgets)
+        return batch
 
     def _fill(self):
         super()._fill()
@@ -67,14 +71,15 @@ class _Recorder(RayAsyncTrainer):
 
     def _launch(self, slot):
         # was the learner's current version what this collect was given? (train_iter of the version vs now)
-        on_current = self.versions.train_iter(self.versions.latest_version) == self.learner.train_iter
+        versions = self.driver.versions
+        on_current = versions.train_iter(versions.latest_version) == self.driver.learner.train_iter
         self.launched_on_current = getattr(self, "launched_on_current", []) + [on_current]
         super()._launch(slot)
 
-    def _await_publish(self):
-        super()._await_publish()
+    def await_publish(self):
+        super().await_publish()
         # what the optimizer step may now do: every collect still running runs the newest published version
-        stale = [v for _, _, v in self.running.values() if v < self.versions.latest_version]
+        stale = [v for _, _, v in self.running.values() if v < self.driver.versions.latest_version]
         self.stale_at_step = getattr(self, "stale_at_step", 0) + len(stale)
 
 
@@ -132,14 +137,15 @@ def test_ray_backend_tags_versions_and_bounds_the_lag(tmp_path):
                                    "async_pipeline.weight_sync_interval": 3, "async_pipeline.max_policy_lag": -1,
                                    "async_pipeline.max_collect_inflight": 1, "async_pipeline.num_evaluator_actors": 1,
                                    "eval.interval": 40})
-    # the script's entry point picks the backend (built, not run: nothing starts before run())
-    assert type(AsyncTrainer(_ray_config(tmp_path / "type"))) is RayAsyncTrainer
-    trainer = _Recorder(cfg)
+    # the script's entry point picks the backend through make_backend (built, not run: nothing starts before run())
+    assert type(AsyncTrainer(_ray_config(tmp_path / "type")).backend) is RayBackend
+    backend = _Recorder()
+    trainer = AsyncTrainer(cfg, backend=backend)
     summary = trainer.run()
     assert summary["status"] == "ok", summary
-    assert set(trainer.versions_per_batch) == {1}
-    assert trainer.most_inflight == 1  # max_collect_inflight=1 of 2 actors
-    assert 1 <= max(trainer.seen_lags) <= 3  # the local backend's bound: weight_sync_interval here
+    assert set(backend.versions_per_batch) == {1}
+    assert backend.most_inflight == 1  # max_collect_inflight=1 of 2 actors
+    assert 1 <= max(backend.seen_lags) <= 3  # the local backend's bound: weight_sync_interval here
     assert trainer.versions.latest_version >= 2, "weights were never published"
     assert summary["train_iter"] == (768 - 64) * 0.5  # every batch once training may start buys its updates
     assert len(trainer.buffer) == summary["env_steps"] == 768
@@ -156,17 +162,18 @@ def test_ray_default_lag_bound_and_multi_sync_rounds(tmp_path, collector):
     multi_sync: each batch the driver takes holds one collect of every actor (2 x 64 frames), one version.
     """
     cfg = _ray_config(tmp_path, **{"async_pipeline.collector": collector, "train.replay_ratio": 0.5})
-    trainer = _Recorder(cfg)
+    backend = _Recorder()
+    trainer = AsyncTrainer(cfg, backend=backend)
     sizes = record_batch_sizes(trainer)
     summary = trainer.run()
     assert summary["status"] == "ok", summary
     assert set(sizes) == ({128} if collector == "multi_sync" else {64}), sizes
-    assert set(trainer.versions_per_batch) == {1}  # weights fixed within a collect, and within a round
-    assert trainer.most_inflight == 2
+    assert set(backend.versions_per_batch) == {1}  # weights fixed within a collect, and within a round
+    assert backend.most_inflight == 2
     # every collect was given the learner's current weights, and no optimizer step ran while a collect of
     # older weights was still running: a frame is at most the one update in flight behind (lag <= 1)
-    assert all(trainer.launched_on_current) and trainer.stale_at_step == 0
-    assert max(trainer.seen_lags) == 1 and summary["policy_lag_max"] == 1
+    assert all(backend.launched_on_current) and backend.stale_at_step == 0
+    assert max(backend.seen_lags) == 1 and summary["policy_lag_max"] == 1
     # a version per update; every batch once training may start (128 env steps) buys its updates
     first_trained = 128 if collector == "multi_sync" else 64
     assert trainer.versions.latest_version == summary["train_iter"] == (512 - 128 + first_trained) * 0.5
@@ -176,10 +183,12 @@ def test_ray_default_lag_bound_and_multi_sync_rounds(tmp_path, collector):
 def test_dead_evaluator_actor_stops_the_run_within_10s(tmp_path):
     cfg = _ray_config(tmp_path, **{"train.total_env_steps": 10**6, "async_pipeline.num_evaluator_actors": 1,
                                    "eval.interval": 5})
-    trainer = RayAsyncTrainer(cfg)
+    trainer = AsyncTrainer(cfg)
+
     def evaluator_pid():  # the evaluator actor's pid, once it is up
-        up = trainer.evaluators is not None and trainer.evaluators.where[0]
-        return trainer.evaluators.where[0]["pid"] if up else None
+        evaluators = trainer.backend.evaluators
+        up = evaluators is not None and evaluators.where[0]
+        return evaluators.where[0]["pid"] if up else None
 
     killed = kill_when_training(trainer, 10, evaluator_pid)
     summary = trainer.run()
@@ -191,12 +200,13 @@ def test_dead_evaluator_actor_stops_the_run_within_10s(tmp_path):
 def test_dead_evaluator_actor_is_restarted_and_evaluations_go_on(tmp_path):
     cfg = _ray_config(tmp_path, **{"train.total_env_steps": 512, "async_pipeline.num_evaluator_actors": 1,
                                    "eval.interval": 5, "async_pipeline.restart_dead_actors": True})
-    trainer = RayAsyncTrainer(cfg)
+    trainer = AsyncTrainer(cfg)
     where = []  # the evaluator's pid at each poll; the one killed is the last before the kill
 
     def evaluator_pid():
-        up = trainer.evaluators is not None and trainer.evaluators.where[0]
-        return where.append(trainer.evaluators.where[0]["pid"]) or where[-1] if up else None
+        evaluators = trainer.backend.evaluators
+        up = evaluators is not None and evaluators.where[0]
+        return where.append(evaluators.where[0]["pid"]) or where[-1] if up else None
 
     killed = kill_when_training(trainer, 10, evaluator_pid)
     summary = trainer.run()
@@ -213,8 +223,8 @@ def test_dead_evaluator_actor_is_restarted_and_evaluations_go_on(tmp_path):
 def test_dead_collector_actor_stops_the_run_or_is_restarted(tmp_path, restart):
     cfg = _ray_config(tmp_path, **{"train.total_env_steps": 10**6 if not restart else 1024,
                                    "async_pipeline.restart_dead_actors": restart})
-    trainer = RayAsyncTrainer(cfg)
-    killed = kill_when_training(trainer, 10, lambda: trainer.actor_where[0]["pid"])
+    trainer = AsyncTrainer(cfg)
+    killed = kill_when_training(trainer, 10, lambda: trainer.backend.actor_where[0]["pid"])
     summary = trainer.run()
     stopped_at = time.monotonic()
     assert killed, "the run never reached 10 updates"
@@ -272,13 +282,14 @@ def test_script_on_ray_runs_and_leaves_nothing_behind(tmp_path, stop):
     assert set(glob.glob("/tmp/trm_ray_*")) - before == set(), "the Ray temp folder was left behind"
 
 
-class _GateRecorder(RayAsyncTrainer):
+class _GateRecorder(RayBackend):
     """Records, at each collect start, whether the collect gate allowed it on its own or the driver was idle."""
 
     def _launch(self, slot):
         ahead, t = self.cfg.async_pipeline.collect_ahead_frames, self.cfg.train
         owed = t.replay_ratio * (self._frames_coming() + t.frames_per_batch - ahead - t.train_start_after_envsteps)
-        self.launches = getattr(self, "launches", []) + [(owed <= self.learner.train_iter + 1, self.control[4])]
+        self.launches = getattr(self, "launches", []) + [(owed <= self.driver.learner.train_iter + 1,
+                                                          self.control[4])]
         super()._launch(slot)
 
     def _collect_allowed(self):
@@ -292,9 +303,9 @@ def test_ray_collect_gate_starts_each_collect_just_in_time(tmp_path):
     (or while it waits for a batch with nothing to train on), and every batch still buys its updates."""
     cfg = _ray_config(tmp_path, **{"train.total_env_steps": 384, "train.replay_ratio": 1.0,
                                    "async_pipeline.collect_ahead_frames": 128})
-    trainer = _GateRecorder(cfg)
-    summary = trainer.run()
+    backend = _GateRecorder()
+    summary = AsyncTrainer(cfg, backend=backend).run()
     assert summary["status"] == "ok", summary
     assert summary["train_iter"] == (384 - 64) * 1.0
-    assert all(within or idle for within, idle in trainer.launches), trainer.launches
-    assert trainer.held_back > 0, "the bound never held a collect back: the test would not see it ignored"
+    assert all(within or idle for within, idle in backend.launches), backend.launches
+    assert backend.held_back > 0, "the bound never held a collect back: the test would not see it ignored"

@@ -19,7 +19,8 @@ pytest.importorskip("ray", reason="ray is not installed (pip install torchrl_muz
 
 from pipeline_utils import live_descendants, tiny_config  # noqa: E402
 
-from torchrl_muzero.trainers.ray_backend import RayAsyncTrainer, import_ray  # noqa: E402
+from torchrl_muzero.trainers import AsyncTrainer  # noqa: E402
+from torchrl_muzero.trainers.ray_backend import import_ray  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +54,11 @@ def test_collectors_run_on_both_nodes_of_a_cluster(tmp_path, two_nodes):
     cfg = tiny_config(tmp_path, **{"train.total_env_steps": 384, "async_pipeline.backend": "ray",
                                    "async_pipeline.address": two_nodes.address,
                                    "async_pipeline.num_collector_actors": 2, "async_pipeline.num_evaluator_actors": 0})
-    trainer = RayAsyncTrainer(cfg)
+    trainer = AsyncTrainer(cfg)
     summary = trainer.run()
     assert summary["status"] == "ok", summary
-    nodes = {where["node_id"] for where in trainer.actor_where}
-    assert len(nodes) == 2, f"both collectors ran on one node: {trainer.actor_where}"
+    nodes = {where["node_id"] for where in trainer.backend.actor_where}
+    assert len(nodes) == 2, f"both collectors ran on one node: {trainer.backend.actor_where}"
     assert len(trainer.buffer) == summary["env_steps"] == 384
     # the run only left the cluster it joined: both nodes' raylets still run (the fixture stops them)
     raylets = [p for p in live_descendants() if b"raylet" in _cmdline(p)]

@@ -20,7 +20,7 @@ from torchrl.envs import EnvBase, RewardSum, StepCounter, TransformedEnv
 
 from pipeline_utils import _is_resource_tracker, live_descendants, processes_with_marker, tiny_pong_overrides
 from torchrl_muzero.trainers.ready_collector import ReadyStepCollector, split_ready_env
-from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool
+from torchrl_muzero.torchrl_guards import GuardedAsyncEnvPool
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "sota-implementations" / "muzero" / "config")
 

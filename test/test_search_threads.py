@@ -19,7 +19,8 @@ import pytest
 import torch
 from kernel_threads import kernel_on_threads
 
-from torchrl_muzero.mcts import MCTSConfig, _cpp, _kernel_build, search
+from torchrl_muzero.kernel import build as _kernel_build
+from torchrl_muzero.mcts import MCTSConfig, _cpp, search
 from torchrl_muzero.mcts.gumbel import GumbelMCTSConfig, gumbel_search
 from torchrl_muzero.mcts.stochastic import stochastic_search
 from torchrl_muzero.modules import EfficientZeroMLPModel, MuZeroMLPModel, StochasticMuZeroMLPModel

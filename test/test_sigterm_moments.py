@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_utils import stop_script_after_checkpoint
-from torchrl_muzero.trainers.async_pipeline import (
+from torchrl_muzero.trainers.shared_control import (
     _CONTROL_PREFIX, SharedControl, _pid_namespace, _process_alive, remove_stale_control_files,
 )
 from torchrl_muzero.trainers.checkpoint import load_checkpoint
@@ -76,7 +76,7 @@ if moment == "before-workers":  # the run began (its handlers are installed); no
     from torchrl_muzero.trainers.async_pipeline import AsyncTrainer
     AsyncTrainer._init_driver_state = pause_once(AsyncTrainer._init_driver_state)
 elif moment == "workers-starting":  # torchrl started the worker processes; they import torch
-    from torchrl_muzero.trainers.torchrl_guards import GuardedWeightSyncScheme
+    from torchrl_muzero.torchrl_guards import GuardedWeightSyncScheme
     GuardedWeightSyncScheme.connect = pause_once(GuardedWeightSyncScheme.connect)
 elif moment == "first-collect":  # the driver waits in torchrl's iterator for its first batch
     from torchrl.collectors import MultiAsyncCollector
@@ -153,7 +153,7 @@ def test_sigterm_at_each_moment_stops_cleanly_and_leaves_nothing(tmp_path, case)
 
 
 # -- a SIGKILLed driver's control file ----------------------------------------------------------------
-_CREATE_AND_WAIT = ("from torchrl_muzero.trainers.async_pipeline import SharedControl\n"
+_CREATE_AND_WAIT = ("from torchrl_muzero.trainers.shared_control import SharedControl\n"
                     "print(SharedControl(5).path, flush=True)\n"
                     "import time; time.sleep(120)\n")
 

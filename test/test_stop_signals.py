@@ -9,7 +9,7 @@ import torch
 
 from pipeline_utils import tiny_config
 from torchrl_muzero.trainers import AsyncTrainer, SyncTrainer
-from torchrl_muzero.trainers.bounded_call import call_within
+from torchrl_muzero.bounded_call import call_within
 from torchrl_muzero.trainers.checkpoint import load_checkpoint
 from torchrl_muzero.trainers.stop_signals import StopSignals, Terminated
 
@@ -131,10 +131,10 @@ def test_a_signal_in_the_middle_of_an_update_stops_after_it_untorn(tmp_path, mon
 
 
 def test_a_stuck_shutdown_is_reported_and_the_final_checkpoint_still_written(tmp_path, monkeypatch, capsys):
-    import torchrl_muzero.trainers.async_pipeline as async_pipeline
-    from torchrl_muzero.trainers.torchrl_guards import GuardedWeightSyncScheme
+    import torchrl_muzero.trainers.local_backend as local_backend
+    from torchrl_muzero.torchrl_guards import GuardedWeightSyncScheme
 
-    monkeypatch.setattr(async_pipeline, "_SHUTDOWN_GRACE_S", 1.0)
+    monkeypatch.setattr(local_backend, "_SHUTDOWN_GRACE_S", 1.0)
     stuck = threading.Event()
     real_shutdown = GuardedWeightSyncScheme.shutdown
 

@@ -9,7 +9,7 @@ from torchrl.envs.utils import check_env_specs
 
 from pipeline_utils import live_descendants, tiny_config
 from torchrl_muzero.data import GameBuffer
-from torchrl_muzero.envs.board_eval import evaluate_board, muzero_player, play_match
+from torchrl_muzero.trainers.board_eval import evaluate_board, muzero_player, play_match
 from torchrl_muzero.envs.board_opponents import (
     MinimaxPlayer,
     RandomPlayer,
@@ -356,7 +356,7 @@ def test_self_play_learns_to_beat_the_random_player(tmp_path):
     random 0.405 -> 0.195 / 0.235 / 0.205 / 0.17, gains 0.29 / 0.17 / 0.21 /
     0.29 (~48 s each on one quiet core); 19,200 steps fail seed 0.
     """
-    from torchrl_muzero.envs.board_eval import load_run_model
+    from torchrl_muzero.trainers.board_eval import load_run_model
     from torchrl_muzero.trainers import SyncTrainer
     from torchrl_muzero.trainers.builders import build_model, mcts_config
     from torchrl_muzero.trainers.hydra_entry import compose_config

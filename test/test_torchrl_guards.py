@@ -1,4 +1,4 @@
-"""Regression tests for the torchrl 0.14.1 weight-sync workarounds in ``trainers/torchrl_guards/``.
+"""Regression tests for the torchrl 0.14.1 weight-sync workarounds in ``torchrl_guards/``.
 
 The AsyncEnvPool guards have theirs in ``test_torchrl_guards_env_pools.py``.
 
@@ -23,7 +23,7 @@ from torch import nn
 from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
 from torchrl.weight_update import MultiProcessWeightSyncScheme
 
-from torchrl_muzero.trainers.torchrl_guards import (
+from torchrl_muzero.torchrl_guards import (
     GuardedWeightSyncScheme,
     LockedPolicy,
     PolicyVersionMap,
@@ -454,7 +454,7 @@ def test_worker_policy_must_be_locked():
 _SCHEME_LEFT_TO_EXIT = """
 import multiprocessing as mp
 from torchrl.weight_update import MultiProcessWeightSyncScheme
-from torchrl_muzero.trainers.torchrl_guards import GuardedWeightSyncScheme
+from torchrl_muzero.torchrl_guards import GuardedWeightSyncScheme
 scheme = {cls}()
 scheme._instruction_queues = {{0: mp.get_context("spawn").Queue()}}  # what init_on_sender leaves
 kept = [scheme]

@@ -1,4 +1,4 @@
-"""Regression tests for the AsyncEnvPool guards in ``trainers/torchrl_guards/env_pools.py`` (torchrl 0.14.1, bugs 6a-6d).
+"""Regression tests for the AsyncEnvPool guards in ``torchrl_guards/env_pools.py`` (torchrl 0.14.1, bugs 6a-6d).
 
 Each guard is shown necessary by building the same pool with that one guard
 left out (the ``Without*`` classes below): the test then fails the way
@@ -22,8 +22,8 @@ from torchrl.collectors import Collector
 from torchrl.envs import Compose, GymEnv, RewardSum, SerialEnv, StepCounter, TransformedEnv
 
 from pipeline_utils import live_descendants
-from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool, asyncenvpool_bugs, asyncenvpool_is_fixed
-from torchrl_muzero.trainers.torchrl_guards.env_pools import (
+from torchrl_muzero.torchrl_guards import GuardedAsyncEnvPool, asyncenvpool_bugs, asyncenvpool_is_fixed
+from torchrl_muzero.torchrl_guards.env_pools import (
     ASYNCENVPOOL_BUGS,
     ClosedStateGuard,
     EnvIndexGuard,

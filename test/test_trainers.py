@@ -16,6 +16,9 @@ from pipeline_utils import (
 )
 from torchrl_muzero.trainers import AsyncTrainer, ConfigError, SyncTrainer, load_config
 from torchrl_muzero.trainers.async_pipeline import publish_due
+from torchrl_muzero.trainers.backends import make_backend
+from torchrl_muzero.trainers.local_backend import LocalBackend
+from torchrl_muzero.trainers.ray_backend import RayBackend
 from torchrl_muzero.trainers.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,6 +196,62 @@ def test_publish_decision(args, expected):
     assert publish_due(*args) is expected
 
 
+def test_async_backend_comes_from_the_one_factory_unless_one_is_given(tmp_path):
+    """async_pipeline.backend picks the worker backend through make_backend; a backend given to AsyncTrainer wins.
+
+    Nothing starts here: a backend builds its workers when the run starts (Ray is not even imported)."""
+    assert type(make_backend(load_config({"async_pipeline": {"backend": "ray"}}))) is RayBackend
+    assert type(make_backend(load_config())) is LocalBackend
+    cfg = load_config()
+    cfg.async_pipeline.backend = "mpi"
+    with pytest.raises(ConfigError, match="'async_pipeline.backend' is 'mpi'"):
+        make_backend(cfg)
+    assert type(AsyncTrainer(tiny_config(tmp_path / "default")).backend) is LocalBackend
+    given = LocalBackend()
+    assert AsyncTrainer(tiny_config(tmp_path / "given"), backend=given).backend is given
+
+
+class _CallRecorder(LocalBackend):
+    """The local backend, recording which of its methods the driver called."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def start(self, driver):
+        self.calls.append("start")
+        super().start(driver)
+
+    def next_batch(self):
+        self.calls.append("next_batch")
+        return super().next_batch()
+
+    def publish(self):
+        self.calls.append("publish")
+        super().publish()
+
+    def await_publish(self):
+        self.calls.append("await_publish")
+        super().await_publish()
+
+    def shutdown(self):
+        self.calls.append("shutdown")
+        super().shutdown()
+
+
+def test_async_trainer_runs_on_the_backend_it_is_given(tmp_path):
+    cfg = tiny_config(tmp_path, **{"train.total_env_steps": 256, "async_pipeline.num_collector_actors": 1,
+                                   "async_pipeline.num_evaluator_actors": 0})
+    backend = _CallRecorder()
+    summary = AsyncTrainer(cfg, backend=backend).run()
+    assert summary["status"] == "ok", summary
+    assert backend.calls[0] == "start" and backend.calls[-1] == "shutdown" and backend.calls.count("shutdown") == 1
+    assert backend.calls.count("next_batch") == 256 // 64  # every batch came through the given backend
+    assert "publish" in backend.calls and "await_publish" in backend.calls
+    assert backend.collector is None and backend.control is None  # shut down: workers and control file gone
+    assert not _wait_no_descendants()
+
+
 @pytest.mark.parametrize("interval,max_lag", [(3, -1), (8, 2), (4, 0)])
 def test_async_policy_lag_is_bounded(tmp_path, interval, max_lag):
     cfg = tiny_config(tmp_path, **{"train.total_env_steps": 512, "train.replay_ratio": 1.0,
@@ -287,7 +346,8 @@ def test_async_evaluates_versions_and_saves_exact_checkpoints(tmp_path):
 def test_dead_worker_stops_the_run_within_10s(tmp_path, victim):
     cfg = tiny_config(tmp_path, **{"train.total_env_steps": 10**6, "eval.interval": 5})
     trainer = AsyncTrainer(cfg)
-    procs = (lambda: trainer.collector.procs) if victim == "collector" else (lambda: trainer.evaluators.procs)
+    procs = ((lambda: trainer.backend.collector.procs) if victim == "collector"
+             else (lambda: trainer.backend.evaluators.procs))
     killed = kill_when_training(trainer, 10, lambda: procs()[0].pid)
     summary = trainer.run()
     stopped_at = time.monotonic()
@@ -360,9 +420,9 @@ def test_script_stops_cleanly_with_the_conventional_exit_status(tmp_path, stop):
 
 def test_faults_exit_non_zero(tmp_path, monkeypatch):
     """A NaN loss and a failed publish: the script's entry point exits 1, summary.json says why."""
-    from torchrl_muzero.trainers import async_pipeline
+    from torchrl_muzero.trainers import local_backend
     from torchrl_muzero.trainers.hydra_entry import run_from_hydra
-    from torchrl_muzero.trainers.torchrl_guards import WeightPublishError
+    from torchrl_muzero.torchrl_guards import WeightPublishError
 
     class PoisonedSync(SyncTrainer):
         def __init__(self, cfg):
@@ -377,7 +437,7 @@ def test_faults_exit_non_zero(tmp_path, monkeypatch):
     def failing_publish(*args, **kwargs):
         raise WeightPublishError("worker 0 did not apply weights version 3 within 1.0 s")
 
-    monkeypatch.setattr(async_pipeline, "publish_weights", failing_publish)
+    monkeypatch.setattr(local_backend, "publish_weights", failing_publish)
     cfg = tiny_config(tmp_path / "publish", **{"async_pipeline.num_evaluator_actors": 0})
     with pytest.raises(SystemExit) as exit_info:
         run_from_hydra(load_config(cfg), AsyncTrainer)

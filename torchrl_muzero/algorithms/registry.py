@@ -19,6 +19,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from torchrl_muzero.envs import action_spaces
+
 __all__ = ["Algorithm", "register", "get_algorithm", "algorithm_names", "algorithms_for", "check_action_space"]
 
 _REGISTRY: dict[str, "Algorithm"] = {}
@@ -188,11 +190,11 @@ def get_algorithm(name: str) -> Algorithm:
         >>> get_algorithm("muzeroo")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        torchrl_muzero.trainers.config.ConfigError: config key 'algo.name' is 'muzeroo'. Did you mean 'muzero'? Known algorithms: muzero, ...
+        torchrl_muzero.errors.ConfigError: config key 'algo.name' is 'muzeroo'. Did you mean 'muzero'? Known algorithms: muzero, ...
     """
     _load_all()
     if name not in _REGISTRY:
-        from torchrl_muzero.trainers.config import ConfigError
+        from torchrl_muzero.errors import ConfigError
 
         known = algorithm_names()
         close = difflib.get_close_matches(str(name), known, n=1)
@@ -224,6 +226,10 @@ def algorithms_for(kind: str) -> str:
     return f"no algorithm supports {kind} actions yet{planned}"
 
 
+# the envs' check of a model against an env's actions names the algorithms through this (it cannot import them)
+action_spaces._algorithms_for = algorithms_for
+
+
 def check_action_space(algorithm: "Algorithm | str", space: Any, env: str = "the env") -> None:
     """Raise a one-line ``ConfigError`` unless ``algorithm`` supports the kind of ``space``.
 
@@ -238,12 +244,12 @@ def check_action_space(algorithm: "Algorithm | str", space: Any, env: str = "the
         >>> check_action_space("muzero", BoxActionSpace(-2.0, 2.0, (1,)), "env.id='Pendulum-v1'")
         Traceback (most recent call last):
         ...
-        torchrl_muzero.trainers.config.ConfigError: config key 'algo.name' is 'muzero', which supports discrete actions only, but env.id='Pendulum-v1' has continuous actions (1 dim in [-2, 2]): the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero, sampled_unizero.
+        torchrl_muzero.errors.ConfigError: config key 'algo.name' is 'muzero', which supports discrete actions only, but env.id='Pendulum-v1' has continuous actions (1 dim in [-2, 2]): the algorithms that support continuous actions: sampled_muzero, sampled_efficientzero, sampled_unizero.
     """
     algo = get_algorithm(algorithm) if isinstance(algorithm, str) else algorithm
     if space.kind in algo.action_kinds:
         return
-    from torchrl_muzero.trainers.config import ConfigError
+    from torchrl_muzero.errors import ConfigError
 
     supported = " and ".join(algo.action_kinds)
     raise ConfigError(

@@ -45,13 +45,13 @@ def sampled_model(cfg, space, base_class, network_kwargs: dict | None = None, **
     from torchrl_muzero.modules.sampled import SampledModel, policy_head_width
 
     if cfg.model.kind != "mlp":
-        from torchrl_muzero.trainers.config import ConfigError
+        from torchrl_muzero.errors import ConfigError
 
         raise ConfigError(f"config key 'model.kind' is {cfg.model.kind!r}; algo={cfg.algo.name} has MLP networks "
                           "only (vector observations): use model.kind=mlp.")
     a = cfg.algo
     if space.is_discrete and not a.sample_with_replacement and a.num_samples > space.num_actions:
-        from torchrl_muzero.trainers.config import ConfigError
+        from torchrl_muzero.errors import ConfigError
 
         # refused, not clipped: a run whose K silently differs from its config would mislabel its results
         raise ConfigError(
@@ -60,7 +60,7 @@ def sampled_model(cfg, space, base_class, network_kwargs: dict | None = None, **
             f"{space.num_actions} (= {space.num_actions}: every action, as MuZero) or "
             "algo.sample_with_replacement=true.")
     if not space.is_discrete and len(tuple(space.shape)) != 1:
-        from torchrl_muzero.trainers.config import ConfigError
+        from torchrl_muzero.errors import ConfigError
 
         raise ConfigError(f"config key 'algo.name' is {a.name!r}, which takes box actions of shape (D,); the env's "
                           f"are {space.describe()}.")

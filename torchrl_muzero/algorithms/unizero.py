@@ -42,7 +42,7 @@ UNIZERO_KEYS = ("embed_dim", "num_layers", "num_heads", "context_length", "max_b
 
 def check_unizero(cfg) -> None:
     """Refuse ``algo.*`` settings a UniZero model cannot hold (its context, heads and latent loss)."""
-    from torchrl_muzero.trainers.config import ConfigError
+    from torchrl_muzero.errors import ConfigError
 
     a, K = cfg.algo, cfg.buffer.num_unroll_steps
     if a.max_blocks < K + 1:  # the training forward holds the K + 1 positions of a sample
@@ -91,9 +91,9 @@ def _model(cfg, observation_shape, num_actions: int):
 def unizero_loss_kwargs(cfg) -> dict:
     """:class:`~torchrl_muzero.objectives.unizero.UniZeroLoss`'s keyword arguments from ``algo.*``; a
     ``loss.*`` MuZero weight set to another value is an error (UniZero's weights are ``algo.*``)."""
-    from torchrl_muzero.trainers.config import ConfigError, LossConfig
+    from torchrl_muzero.errors import ConfigError
 
-    defaults = LossConfig()
+    defaults = type(cfg.loss)()  # the schema's defaults (LossConfig)
     for key in ("value_loss_weight", "reward_loss_weight", "policy_loss_weight", "consistency_loss_weight"):
         value = getattr(cfg.loss, key)
         # env groups switch MuZero's SimSiam term off with 0 (MemoryLen, Game2048): that asks nothing of

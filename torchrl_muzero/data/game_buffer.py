@@ -45,12 +45,12 @@ per-step entries an algorithm declares), :mod:`~torchrl_muzero.data.replay_store
 :mod:`~torchrl_muzero.data.reanalyze` (fresh policy / value targets from the
 current models),
 :mod:`~torchrl_muzero.data.off_policy_correction`,
+:mod:`~torchrl_muzero.data.buffer_args` (argument checks),
 :mod:`~torchrl_muzero.data.target_builders` and
 :mod:`~torchrl_muzero.data.buffer_state` (checkpoints).
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Iterable
 
@@ -58,10 +58,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from torchrl_muzero.data import buffer_state
+from torchrl_muzero.data.buffer_args import check_buffer_args, check_extra_entries, sample_models
 from torchrl_muzero.data.frames import FrameStack
 from torchrl_muzero.data.priority import PriorityTree
 from torchrl_muzero.data.reanalyze import ReanalyzeSearch
-from torchrl_muzero.data.replay_entries import ROW_KEYS, EntriesHook, ReplayEntry, check_replay_entries
+from torchrl_muzero.data.replay_entries import EntriesHook, ReplayEntry
 from torchrl_muzero.data.replay_store import ReplayStore
 from torchrl_muzero.data.root_history import check_root_memory
 from torchrl_muzero.data.rollout_reader import RowSpec, check_continuations, episode_starts, read_rollout
@@ -71,8 +72,6 @@ from torchrl_muzero.data.target_builders import MUZERO_SAMPLE_KEYS, TargetBuilde
 from torchrl_muzero.envs.action_spaces import ActionSpace, as_action_space
 
 __all__ = ["GameBuffer"]
-
-_VALUE_BOOTSTRAPS = ("auto", "model", "stored")
 
 
 class GameBuffer:
@@ -255,35 +254,12 @@ class GameBuffer:
         seed: int | None = None,
         tree_backend: str = "auto",
     ) -> None:
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 2:
-            raise ValueError(f"capacity must be an integer >= 2, got {capacity!r}.")
-        if not isinstance(num_unroll_steps, int) or num_unroll_steps < 0:
-            raise ValueError(f"num_unroll_steps must be an integer >= 0, got {num_unroll_steps!r}.")
-        if not isinstance(td_steps, int) or td_steps < 1:
-            raise ValueError(f"td_steps must be an integer >= 1, got {td_steps!r}.")
-        if not 0.0 <= float(discount) <= 1.0:
-            raise ValueError(f"discount must be in [0, 1], got {discount!r}.")
-        if float(alpha) < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha!r}.")
-        if not 0.0 <= float(beta) <= 1.0:
-            raise ValueError(f"beta must be in [0, 1], got {beta!r}.")
-        if not isinstance(beta_annealing_steps, int) or beta_annealing_steps < 0:
-            raise ValueError(f"beta_annealing_steps must be an integer >= 0, got {beta_annealing_steps!r}.")
-        if not float(priority_eps) > 0:
-            raise ValueError(f"priority_eps must be > 0, got {priority_eps!r}.")
-        if not 0.0 <= float(reanalyze_ratio) <= 1.0:
-            raise ValueError(f"reanalyze_ratio must be in [0, 1], got {reanalyze_ratio!r}.")
-        if reanalyze_search is not None and not callable(reanalyze_search):
-            raise TypeError(f"reanalyze_search must be callable, got {type(reanalyze_search).__name__}.")
-        if reanalyze_entries is not None and not callable(reanalyze_entries):
-            raise TypeError(f"reanalyze_entries must be callable, got {type(reanalyze_entries).__name__}.")
-        if value_bootstrap not in _VALUE_BOOTSTRAPS:
-            raise ValueError(f"value_bootstrap must be one of {_VALUE_BOOTSTRAPS}, got {value_bootstrap!r}.")
-        if off_policy_correction and not (correction_age_scale is not None and float(correction_age_scale) > 0):
-            raise ValueError(
-                f"off_policy_correction needs correction_age_scale > 0 (policy versions per step of "
-                f"horizon), got {correction_age_scale!r}."
-            )
+        check_buffer_args(capacity=capacity, num_unroll_steps=num_unroll_steps, td_steps=td_steps, discount=discount,
+                          alpha=alpha, beta=beta, beta_annealing_steps=beta_annealing_steps,
+                          priority_eps=priority_eps, reanalyze_ratio=reanalyze_ratio,
+                          reanalyze_search=reanalyze_search, reanalyze_entries=reanalyze_entries,
+                          value_bootstrap=value_bootstrap, off_policy_correction=off_policy_correction,
+                          correction_age_scale=correction_age_scale)
         self.capacity = capacity
         self.num_unroll_steps = num_unroll_steps
         self.td_steps = td_steps
@@ -307,11 +283,7 @@ class GameBuffer:
         self.correction_age_scale = None if correction_age_scale is None else float(correction_age_scale)
         self.root_memory = check_root_memory(root_memory, self.two_player)
         self.target_builders = check_target_builders(target_builders)
-        # an entry may not shadow a stored row's name nor a sample's key (the batch holds it under its key)
-        taken = {key: "the stored rows" for key in ROW_KEYS}
-        taken.update({key: "the MuZero targets" for key in MUZERO_SAMPLE_KEYS})
-        taken.update({key: repr(b) for b in self.target_builders for key in b.out_keys})
-        self.extra_entries = check_replay_entries(extra_entries, taken)
+        self.extra_entries = check_extra_entries(extra_entries, self.target_builders)
         self.reanalyze_entries = reanalyze_entries
         self.action_space = None if action_space is None else as_action_space(action_space)
         self.device = None if device is None else torch.device(device)
@@ -545,25 +517,7 @@ class GameBuffer:
             ``reanalyze_entries`` hook says so), then the entries of the
             ``target_builders`` (all listed by :attr:`sample_keys`).
         """
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-        if not self._tree.total() > 0:
-            raise RuntimeError("GameBuffer.sample: no transition can be sampled yet (extend the buffer first).")
-        if self.off_policy_correction and policy_version is None:
-            raise ValueError("off_policy_correction: pass the current policy_version to sample().")
-        model = model if model is not None else self.model
-        target_model = target_model if target_model is not None else self.target_model
-        if target_model is None:
-            target_model = model
-        if self.value_bootstrap == "stored":
-            target_model = None
-        elif self.value_bootstrap == "model" and target_model is None:
-            raise ValueError("value_bootstrap='model' needs a target_model or model (to GameBuffer or sample()).")
-        n_re = int(math.floor(self.reanalyze_ratio * batch_size + 0.5))
-        if n_re > 0 and model is None:
-            raise ValueError(
-                f"reanalyze_ratio={self.reanalyze_ratio} needs a model: pass model= to GameBuffer or to sample()."
-            )
+        model, target_model, n_re = sample_models(self, batch_size, model, target_model, policy_version)
         roots = self._tree.sample(batch_size, generator=self._generator)
         prio = self._tree[roots]
         beta = self.current_beta

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -451,6 +451,16 @@ def _same_space(a: ActionSpace, b: ActionSpace) -> bool:
     return a.dim == b.dim and torch.equal(a.low, b.low) and torch.equal(a.high, b.high)
 
 
+def _generic_algorithms_for(kind: str) -> str:
+    return f"use an algorithm that supports {kind} actions (torchrl_muzero.algorithms.algorithms_for names them)"
+
+
+#: ``kind -> phrase naming the algorithms that support it``, for the refusal below. The algorithm
+#: registry (:mod:`torchrl_muzero.algorithms.registry`, a layer above the envs, which must not
+#: import it) installs its ``algorithms_for`` here when it is imported; before that a generic phrase.
+_algorithms_for: Callable[[str], str] = _generic_algorithms_for
+
+
 def check_model_action_space(space: ActionSpace, model: Any, who: str = "") -> None:
     """Raise ``ValueError`` (one line, naming both) unless ``model`` takes the actions of ``space``.
 
@@ -481,8 +491,6 @@ def check_model_action_space(space: ActionSpace, model: Any, who: str = "") -> N
         ...
         ValueError: the env's actions are discrete (2 actions, index torch.int64), but MuZeroMLPModel was built for continuous actions (2 dims in [-1, 1]).
     """
-    from torchrl_muzero.algorithms.registry import algorithms_for
-
     prefix = f"{who}: " if who else ""
     model_actions = getattr(model, "num_actions", None)
     declared = getattr(model, "action_space", None)
@@ -496,7 +504,7 @@ def check_model_action_space(space: ActionSpace, model: Any, who: str = "") -> N
     if not space.is_discrete:
         raise ValueError(
             f"{prefix}the env's actions are {space.kind} ({space.describe()}), but {type(model).__name__} takes "
-            f"{model_actions} discrete actions: {algorithms_for(space.kind)}."
+            f"{model_actions} discrete actions: {_algorithms_for(space.kind)}."
         )
     if model_actions is not None and space.num_actions != int(model_actions):
         raise ValueError(f"{prefix}the action spec has {space.num_actions} actions but the model has {model_actions}.")

@@ -74,12 +74,12 @@ the two do not race.
 Pong, docs/performance_pipeline.md). ``"parallel"``: ``ParallelEnv``, one process per
 game. ``"async"``: torchrl's ``AsyncEnvPool`` (multiprocessing backend,
 shared-memory exchange), one process per game, through
-:class:`~torchrl_muzero.trainers.torchrl_guards.GuardedAsyncEnvPool`, which
+:class:`~torchrl_muzero.torchrl_guards.GuardedAsyncEnvPool`, which
 guards the three bugs torchrl 0.14.1 has in it (PR 4701: the collector crash
 on ``env_index``, the shm exchange dropping outer-transform keys and rewards,
 the shutdown spin). Its games are seeded in their factories with the seeds
 ``SerialEnv.set_seed(seed)`` would give them
-(:func:`~torchrl_muzero.trainers.torchrl_guards.child_seeds`), so a seeded
+(:func:`~torchrl_muzero.torchrl_guards.child_seeds`), so a seeded
 async pool plays the same games as a seeded ``SerialEnv``. Each game of an
 async pool sums its own rewards (``RewardSum`` inside the game, not around
 the pool), so that
@@ -433,7 +433,7 @@ def make_atari_env(env_cfg, num_envs: int, training: bool = True, *, parallel: b
     if seed is not None and pool != "async":
         raise ValueError("make_atari_env(seed=...) is for pool='async'; seed the other pools with env.set_seed(seed).")
     if pool == "async":
-        from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool, child_seeds
+        from torchrl_muzero.torchrl_guards import GuardedAsyncEnvPool, child_seeds
 
         factories = [functools.partial(_seeded_single_atari_env, env_cfg, training, max_pool_frames, s)
                      for s in child_seeds(seed, num_envs)]

@@ -66,3 +66,15 @@ def check_env_id(env_id: str, kind: str | None = None) -> None:
         close = [k for k in gym.registry if k.lower().startswith(env_id.split("-")[0].lower()[:4])][:5]
         hint = f" Similar ids: {', '.join(close)}." if close else ""
         raise ValueError(f"unknown env id {env_id!r}: gymnasium has no such environment.{hint}")
+
+
+def effective_pool(env_cfg) -> str:
+    """``env.pool``, with ``env.parallel=true`` (its older spelling) read as ``parallel``.
+
+    Examples:
+        >>> from torchrl_muzero.trainers.config import EnvConfig
+        >>> from torchrl_muzero.envs.env_ids import effective_pool
+        >>> effective_pool(EnvConfig(kind="atari")), effective_pool(EnvConfig(kind="atari", parallel=True))
+        ('serial', 'parallel')
+    """
+    return "parallel" if env_cfg.parallel and env_cfg.pool == "serial" else env_cfg.pool

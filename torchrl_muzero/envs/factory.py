@@ -71,8 +71,7 @@ def make_env(env_cfg, num_envs: int | None = None, seed: int = 0, training: bool
         return make_game2048_env(n, seed=seed, max_steps=env_cfg.max_episode_steps or None)
     if env_cfg.kind == "atari":
         from torchrl_muzero.envs.atari import make_atari_env
-
-        from torchrl_muzero.trainers.config_checks import effective_pool
+        from torchrl_muzero.envs.env_ids import effective_pool
 
         pool = effective_pool(env_cfg) if n > 1 and not multiprocessing.current_process().daemon else "serial"
         if pool == "async":  # its games run in worker processes: seeded in their factories

@@ -19,7 +19,7 @@ occupied cell) raises ``ValueError`` naming the board and the cell.
 ``action_mask`` (bool ``[N, 9]``) marks the empty cells. Cells are numbered
 0..8 row by row. The rules are plain functions (:func:`play`,
 :func:`observe`, :func:`legal_moves`) that the opponents and the match
-runner of :mod:`torchrl_muzero.envs.board_eval` share.
+runner of :mod:`torchrl_muzero.trainers.board_eval` share.
 """
 from __future__ import annotations
 

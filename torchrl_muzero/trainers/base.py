@@ -10,7 +10,7 @@ import torch
 from torchrl_muzero.algorithms.registry import check_action_space
 from torchrl_muzero.durable_files import atomic_write_json
 from torchrl_muzero.envs import env_action_space, make_env
-from torchrl_muzero.trainers.bounded_call import call_within
+from torchrl_muzero.bounded_call import call_within
 from torchrl_muzero.trainers.builders import build_buffer, build_model, resolve_device
 from torchrl_muzero.trainers.checkpoint import (
     CheckpointError,
@@ -24,7 +24,7 @@ from torchrl_muzero.trainers.metrics import RunMetrics
 from torchrl_muzero.trainers.resume_config import load_run_config
 from torchrl_muzero.trainers.search_engine import probe_search_engine
 from torchrl_muzero.trainers.stop_signals import StopSignals, Terminated
-from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
+from torchrl_muzero.torchrl_guards import reclaim_torch_threads
 
 __all__ = ["TrainerBase", "TrainingStopped", "EXIT_CODES"]
 

@@ -26,7 +26,7 @@ smaller ``N`` holds the collectors longer and the learner waits for whole
 batches (``N = 0`` is the sync pipeline's order: collect, then train).
 
 Where it runs. Local backend: :class:`PacedPolicy` wraps the worker's
-:class:`~torchrl_muzero.trainers.torchrl_guards.LockedPolicy` from the
+:class:`~torchrl_muzero.torchrl_guards.LockedPolicy` from the
 outside, so it waits *before* taking the lock that weight updates take (a
 worker waiting under that lock would block the publish the learner waits for).
 Ray backend: the driver applies the same rule before it starts a collect

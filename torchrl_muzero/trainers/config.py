@@ -3,7 +3,7 @@
 Hydra composes the YAML files of ``sota-implementations/muzero/config``; the
 result (or a plain dict from a user's script) goes through
 :func:`load_config`, which rejects unknown keys, wrong types and values out
-of range (:mod:`~torchrl_muzero.trainers.config_checks`) with a message that
+of range (:mod:`~torchrl_muzero.trainers.config_ranges`) with a message that
 names the dotted key, so a typo fails at start instead of silently using a
 default.
 """
@@ -15,11 +15,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from torchrl_muzero.errors import ConfigError  # re-exported: users import it from here
+
 __all__ = ["ConfigError", "TrainConfig", "load_config", "check_key", "config_to_dict"]
-
-
-class ConfigError(ValueError):
-    """A bad configuration key or value."""
 
 
 @dataclass
@@ -367,7 +365,7 @@ def check_key(dotted: str) -> None:
         >>> check_key("mcts.num_sims")
         Traceback (most recent call last):
         ...
-        torchrl_muzero.trainers.config.ConfigError: unknown config key 'mcts.num_sims'. Did you mean 'mcts.num_simulations'? Valid keys here: num_simulations, discount, pb_c_base, pb_c_init, dirichlet_alpha, dirichlet_fraction, temperature, backend, kernel_precision.
+        torchrl_muzero.errors.ConfigError: unknown config key 'mcts.num_sims'. Did you mean 'mcts.num_simulations'? Valid keys here: num_simulations, discount, pb_c_base, pb_c_init, dirichlet_alpha, dirichlet_fraction, temperature, backend, kernel_precision.
     """
     cls, prefix = TrainConfig, ""
     parts = dotted.split(".")
@@ -435,7 +433,7 @@ def load_config(data: Any = None, **overrides: Any) -> TrainConfig:
         >>> load_config({"mcts": {"num_simulation": 10}})
         Traceback (most recent call last):
         ...
-        torchrl_muzero.trainers.config.ConfigError: unknown config key 'mcts.num_simulation'. Did you mean 'mcts.num_simulations'? Valid keys here: num_simulations, discount, pb_c_base, pb_c_init, dirichlet_alpha, dirichlet_fraction, temperature, backend, kernel_precision.
+        torchrl_muzero.errors.ConfigError: unknown config key 'mcts.num_simulation'. Did you mean 'mcts.num_simulations'? Valid keys here: num_simulations, discount, pb_c_base, pb_c_init, dirichlet_alpha, dirichlet_fraction, temperature, backend, kernel_precision.
     """
     data = _deep_copy(plain_config(data))
     data.pop("hydra", None)
@@ -446,7 +444,7 @@ def load_config(data: Any = None, **overrides: Any) -> TrainConfig:
             node = node.setdefault(p, {})
         node[leaf] = value
     cfg = _build(TrainConfig, data, "")
-    from torchrl_muzero.trainers.config_checks import check_ranges
+    from torchrl_muzero.trainers.config_ranges import check_ranges  # it imports the algorithms: on first use
 
     check_ranges(cfg)
     return cfg

@@ -66,12 +66,12 @@ def evaluate_with_stats(model, env, mcts: MCTSConfig, env_cfg=None, search_fn=No
     against a perfect minimax player, MuZero first in half of them; the
     returns are the game scores (+1 / 0 / -1 from MuZero's view) and the
     metrics the win / draw / loss rates per opponent
-    (:func:`torchrl_muzero.envs.board_eval.evaluate_board`; short games, so
+    (:func:`torchrl_muzero.trainers.board_eval.evaluate_board`; short games, so
     ``should_stop`` is not consulted). Other envs: :func:`evaluate` and no
     extra metrics.
     """
     if env_cfg is not None and is_board_game(env_cfg):
-        from torchrl_muzero.envs.board_eval import evaluate_board
+        from torchrl_muzero.trainers.board_eval import evaluate_board
 
         return evaluate_board(model, mcts, num_games=int(env.batch_size.numel()) if len(env.batch_size) else 1,
                               search_fn=search_fn)

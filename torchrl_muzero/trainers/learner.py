@@ -25,10 +25,11 @@ class NonFiniteLossError(RuntimeError):
 class Learner:
     """One MuZero update per :meth:`step`: sample, loss, clipped Adam step, priorities back.
 
-    The loss hears the update count: a loss with ``set_train_iter(train_iter)``
-    gets it before every forward (the count of updates done so far), one with
-    ``after_update(train_iter)`` gets the new count right after the optimizer
-    step (UniZero's EMA target encoder). Both are optional.
+    The loss hears the update count through the hooks of
+    :class:`~torchrl_muzero.objectives.unrolled.UnrolledModelLoss`:
+    ``set_train_iter(train_iter)`` before every forward (the count of updates
+    done so far) and ``after_update(train_iter)`` with the new count right
+    after the optimizer step (UniZero's EMA target encoder); the base's are no-ops.
 
     Args:
         model: the trainable :class:`~torchrl_muzero.modules.MuZeroModel`.
@@ -73,10 +74,8 @@ class Learner:
             batch = self.buffer.sample(self.cfg.optim.batch_size, model=self.model, target_model=self.target_model,
                                        policy_version=self.train_iter)
         stamp = batch.get("stamp", None) if "stamp" in batch.keys() else None
-        # train_iter to the loss (UniZero's label-smoothing schedule); losses without the hook are unaffected
-        set_train_iter = getattr(self.loss_module, "set_train_iter", None)
-        if set_train_iter is not None:
-            set_train_iter(self.train_iter)
+        # train_iter to the loss (UniZero's label-smoothing schedule; a no-op for the others)
+        self.loss_module.set_train_iter(self.train_iter)
         out = self.loss_module(batch.to(self.device))
         loss = sum(v for k, v in out.items() if k.startswith("loss_"))
         if not math.isfinite(float(loss.detach())):
@@ -93,9 +92,7 @@ class Learner:
         self.buffer.update_priority(batch["index"], out["priority"].detach().cpu(), stamp)
         self.train_iter += 1
         # after the weights changed: UniZero's EMA target encoder steps here, with the new count
-        after_update = getattr(self.loss_module, "after_update", None)
-        if after_update is not None:
-            after_update(self.train_iter)
+        self.loss_module.after_update(self.train_iter)
         if self.train_iter % self.cfg.train.target_update_interval == 0:
             self.target_model.load_state_dict(self.model.state_dict())
         metrics = {k: float(v.detach()) for k, v in out.items() if v.numel() == 1}

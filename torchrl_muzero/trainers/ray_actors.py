@@ -11,11 +11,11 @@ import os
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_muzero.trainers.async_pipeline import _make_worker_env
 from torchrl_muzero.trainers.builders import actor_generator, build_model, build_policy
 from torchrl_muzero.trainers.config import load_config
 from torchrl_muzero.trainers.cpu_budget import yield_to_learner
-from torchrl_muzero.trainers.torchrl_guards import LockedPolicy
+from torchrl_muzero.torchrl_guards import LockedPolicy
+from torchrl_muzero.trainers.worker_env import make_worker_env
 
 __all__ = ["CollectorActor", "EvaluatorActor", "WeightPacker", "unpack_weights"]
 
@@ -94,7 +94,7 @@ class CollectorActor:
     Examples:
         >>> import torch
         >>> from torchrl_muzero.trainers.config import config_to_dict, load_config
-        >>> from torchrl_muzero.trainers.async_pipeline import action_spec_of
+        >>> from torchrl_muzero.trainers.worker_env import action_spec_of
         >>> # built in this process, not a Ray worker: keep this process's priority and thread count
         >>> # (an actor lowers its own priority by async_pipeline.actor_niceness and takes collector_num_cpus)
         >>> cfg = load_config({"env": {"num_envs": 2}, "train": {"frames_per_batch": 8},
@@ -119,7 +119,7 @@ class CollectorActor:
         # seeded like the actor's envs (a restarted actor gets a new seed, so a new stream too)
         self.search = build_policy(cfg, model, action_spec, generator=actor_generator(seed, device))
         self.policy = LockedPolicy(self.search, weights_module=model)
-        env = _make_worker_env(cfg_dict, seed, observation_shape, action_space)
+        env = make_worker_env(cfg_dict, seed, observation_shape, action_space)
         self.collector = Collector(env, self.policy, frames_per_batch=cfg.train.frames_per_batch, total_frames=-1,
                                    device=device, auto_register_policy_transforms=False)
         self._batches = iter(self.collector)

@@ -1,7 +1,9 @@
 """The async pipeline on Ray (``async_pipeline.backend=ray``): collectors and evaluators as Ray actors.
 
-The driver is :class:`~torchrl_muzero.trainers.AsyncTrainer`'s, unchanged: it
-stays the single owner of the buffer, sampling, reanalyze and priorities
+:class:`RayBackend` is the :class:`~torchrl_muzero.trainers.worker_backend.WorkerBackend`
+that :func:`~torchrl_muzero.trainers.backends.make_backend` picks for it. The driver is
+:class:`~torchrl_muzero.trainers.AsyncTrainer`'s, unchanged: it stays the single
+owner of the buffer, sampling, reanalyze and priorities
 (the seed's 2.2); only where the actors run changes, so they can live on
 other machines of a Ray cluster (docs/multi-node.md).
 
@@ -32,7 +34,7 @@ extends the buffer at once, as torchrl's ``MultiSyncCollector`` does for the
 local backend; the next round starts when that batch is taken.
 
 **The lag bound** is the local backend's, kept by the driver: before each
-optimizer step (:meth:`RayAsyncTrainer._await_publish`) it waits until no
+optimizer step (:meth:`RayBackend.await_publish`) it waits until no
 collect of an older version than the newest published one is still running,
 the collect-boundary counterpart of the local workers' acknowledgment. A
 frame's ``learner_iter`` is the learner's ``train_iter`` when the driver saw
@@ -58,7 +60,6 @@ from pathlib import Path
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_muzero.trainers.async_pipeline import _PACE_IDLE, AsyncTrainer, action_spec_of, publish_due
 from torchrl_muzero.trainers.builders import temperature_at
 from torchrl_muzero.trainers.collect_pacing import collect_gate_open
 from torchrl_muzero.trainers.config import ConfigError, config_to_dict
@@ -66,9 +67,11 @@ from torchrl_muzero.trainers.evaluator import WorkerDied
 from torchrl_muzero.trainers.ray_actors import CollectorActor, EvaluatorActor, WeightPacker, unpack_weights
 from torchrl_muzero.trainers.ray_env import LOOPBACK_ENV
 from torchrl_muzero.trainers.ray_evaluators import RayEvaluatorPool, actor_died, first_line
+from torchrl_muzero.trainers.worker_backend import CONTROL_SIZE, PACE_IDLE, TEMPERATURE, WorkerBackend
+from torchrl_muzero.trainers.worker_env import action_spec_of
 
 # the actors' classes are re-exported: the backend's one import for users and tests
-__all__ = ["RayAsyncTrainer", "RaySession", "import_ray", "LOOPBACK_ENV"]
+__all__ = ["RayBackend", "RaySession", "import_ray", "LOOPBACK_ENV"]
 _ACTORS = (CollectorActor, EvaluatorActor, WeightPacker, unpack_weights)  # noqa: the re-export
 
 
@@ -167,10 +170,11 @@ class RaySession:
                 self.temp_dir = None
 
 
-class RayAsyncTrainer(AsyncTrainer):
-    """:class:`AsyncTrainer` with its collectors and evaluators as Ray actors (``async_pipeline.backend=ray``).
+class RayBackend(WorkerBackend):
+    """Collectors and evaluators as Ray actors (``async_pipeline.backend=ray``).
 
-    ``AsyncTrainer(cfg)`` returns one when ``cfg`` says ``backend=ray``. The
+    :func:`~torchrl_muzero.trainers.backends.make_backend` picks it for ``backend=ray``;
+    ``AsyncTrainer(cfg, backend=RayBackend())`` asks for it directly. The
     seed's Ray knobs: ``collector_num_cpus`` / ``evaluator_num_cpus`` and
     ``collector_num_gpus`` / ``evaluator_num_gpus`` (fractional) are each
     actor's Ray resources (and its torch threads), ``max_collect_inflight``
@@ -186,13 +190,27 @@ class RayAsyncTrainer(AsyncTrainer):
     Examples:
         >>> from torchrl_muzero.trainers import AsyncTrainer
         >>> trainer = AsyncTrainer({"async_pipeline": {"backend": "ray"}})  # doctest: +SKIP
-        >>> type(trainer).__name__, trainer.run()["status"]  # doctest: +SKIP
-        ('RayAsyncTrainer', 'ok')
+        >>> type(trainer.backend).__name__, trainer.run()["status"]  # doctest: +SKIP
+        ('RayBackend', 'ok')
     """
 
+    name = "ray"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ray = None
+        self.session: RaySession | None = None
+        self.actors: list = []
+        self.actor_where: list[dict] = []
+        self.running: dict = {}  # ObjectRef -> (slot, incarnation, version) of each collect in flight
+        self.restarts = 0  # collector actors replaced
+        self.eval_restarts = 0  # evaluator actors replaced (counted by _eval_lost)
+        self.publish_s: list[float] = []
+
     # -- start / stop ------------------------------------------------------------------
-    def _start_actors(self) -> None:
-        cfg, ap = self.cfg, self.cfg.async_pipeline
+    def start(self, driver) -> None:
+        self.driver = driver
+        cfg, ap = driver.cfg, driver.cfg.async_pipeline
         n = ap.num_collector_actors
         self.session = RaySession(ap.address, n * ap.collector_num_cpus + ap.num_evaluator_actors *
                                   ap.evaluator_num_cpus, n * ap.collector_num_gpus +
@@ -200,7 +218,7 @@ class RayAsyncTrainer(AsyncTrainer):
         self.ray = ray = self.session.start()
         # what the local backend shares through memory (learner iter, temperature) travels with each collect
         self.control = _DriverControl()
-        self.control[1] = temperature_at(cfg, self.env_steps / max(cfg.train.total_env_steps, 1))
+        self.control[TEMPERATURE] = temperature_at(cfg, driver.env_steps / max(cfg.train.total_env_steps, 1))
         self._cfg_dict = config_to_dict(cfg)
         self._action_spec = action_spec_of(cfg)
         self._remote = ray.remote(num_cpus=ap.collector_num_cpus, num_gpus=ap.collector_num_gpus, max_restarts=0,
@@ -209,20 +227,16 @@ class RayAsyncTrainer(AsyncTrainer):
         self.actor_where: list[dict] = [{}] * n
         self.incarnation = [0] * n
         self.actor_version = [-1] * n  # the version each actor runs (-1: none loaded yet)
-        self.restarts = 0  # collector actors replaced
-        self.eval_restarts = 0  # evaluator actors replaced (counted by _eval_lost)
         for slot in range(n):
             self._spawn(slot)
         self.running: dict = {}  # ObjectRef -> (slot, incarnation, version) of each collect in flight
         self._done: deque = deque()  # finished collects: (batch, slot, incarnation, learner_iter at harvest)
         self._traj_maps: list[dict] = [{} for _ in range(n)]  # per slot: actor's trajectory id -> the run's
         self._next_traj = 0
-        self._packer = WeightPacker(self.learner.model)
-        self._latest_ref = ray.put(self._packer.pack(self.learner.model))
-        self.publish_s: list[float] = []
-        self.evaluators = None
+        self._packer = WeightPacker(driver.learner.model)
+        self._latest_ref = ray.put(self._packer.pack(driver.learner.model))
         if ap.num_evaluator_actors > 0:
-            self.evaluators = RayEvaluatorPool(ray, self._cfg_dict, self.observation_shape, self.action_space,
+            self.evaluators = RayEvaluatorPool(ray, self._cfg_dict, driver.observation_shape, driver.action_space,
                                                ap.num_evaluator_actors, ap.max_eval_inflight,
                                                ap.evaluator_num_cpus, ap.evaluator_num_gpus,
                                                restart_dead=ap.restart_dead_actors,
@@ -239,23 +253,20 @@ class RayAsyncTrainer(AsyncTrainer):
         device = "cuda" if ap.collector_num_gpus > 0 else "cpu"
         # a restarted actor gets a fresh seed: it must not replay the episodes of its predecessor
         seed = cfg.seed + 1000 * (slot + 1) + 100_003 * self.incarnation[slot]
-        self.actors[slot] = self._remote.remote(self._cfg_dict, slot, seed, self.observation_shape,
-                                                self.action_space, self._action_spec, device)
+        self.actors[slot] = self._remote.remote(self._cfg_dict, slot, seed, self.driver.observation_shape,
+                                                self.driver.action_space, self._action_spec, device)
         self.actor_version[slot] = -1
 
-    def _batches(self):
-        return None
-
-    def _shutdown(self) -> None:
-        ray = getattr(self, "ray", None)
+    def shutdown(self) -> None:
+        ray = self.ray
         errors = []
         if ray is not None and ray.is_initialized():
-            if getattr(self, "evaluators", None) is not None:
+            if self.evaluators is not None:
                 try:
                     self.evaluators.shutdown()
                 except Exception as err:
                     errors.append(f"evaluators: {err}")
-            actors = [a for a in getattr(self, "actors", []) if a is not None]
+            actors = [a for a in self.actors if a is not None]
             closing = []
             for actor in actors:
                 try:
@@ -272,20 +283,18 @@ class RayAsyncTrainer(AsyncTrainer):
         self.evaluators = None
         self.actors = []
         self.running = {}
-        if getattr(self, "session", None) is not None:
+        if self.session is not None:
             try:
                 self.session.stop()
             except Exception as err:
                 errors.append(f"ray: {err}")
-        if getattr(self, "threads", None) is not None:
-            self.threads.restore()
         if errors:
             print("torchrl_muzero: errors while shutting down: " + "; ".join(errors))
 
     # -- collects ----------------------------------------------------------------------
     def _frames_coming(self) -> int:
         per = self.cfg.train.frames_per_batch
-        return self.env_steps + per * (len(self.running) + len(self._done))
+        return self.driver.env_steps + per * (len(self.running) + len(self._done))
 
     def _fill(self) -> None:
         """Start collects on idle actors, at most max_collect_inflight at once, none past the budget.
@@ -309,10 +318,10 @@ class RayAsyncTrainer(AsyncTrainer):
     def _collect_allowed(self) -> bool:
         """Just-in-time collection (collect_pacing.py), here per collect: the driver starts it or waits."""
         ap, t = self.cfg.async_pipeline, self.cfg.train
-        if ap.collect_ahead_frames < 0 or self.control[_PACE_IDLE]:
+        if ap.collect_ahead_frames < 0 or self.control[PACE_IDLE]:
             return True
         return collect_gate_open(frames_after=self._frames_coming() + t.frames_per_batch,
-                                 learner_iter=self.learner.train_iter, ahead=ap.collect_ahead_frames,
+                                 learner_iter=self.driver.learner.train_iter, ahead=ap.collect_ahead_frames,
                                  replay_ratio=t.replay_ratio, warmup=t.train_start_after_envsteps)
 
     def _fill_round(self) -> None:
@@ -326,15 +335,15 @@ class RayAsyncTrainer(AsyncTrainer):
         """
         if self.running or self._done:
             return
-        per, left = self.cfg.train.frames_per_batch, self.cfg.train.total_env_steps - self.env_steps
+        per, left = self.cfg.train.frames_per_batch, self.cfg.train.total_env_steps - self.driver.env_steps
         for slot in range(min(self.cfg.async_pipeline.num_collector_actors, max(0, -(-left // per)))):
             self._launch(slot)
 
     def _launch(self, slot: int) -> None:
         """One collect on ``slot``'s actor with the newest version (its weights sent only if new to it)."""
-        version = self.versions.latest_version
+        version = self.driver.versions.latest_version
         weights = self._latest_ref if self.actor_version[slot] != version else None
-        ref = self.actors[slot].collect.remote(weights, version, self.control[1])
+        ref = self.actors[slot].collect.remote(weights, version, self.control[TEMPERATURE])
         self.running[ref] = (slot, self.incarnation[slot], version)
         self.actor_version[slot] = version
 
@@ -347,7 +356,7 @@ class RayAsyncTrainer(AsyncTrainer):
             except Exception as err:
                 self._collector_fault(slot, err)
                 continue
-            self._done.append((batch, slot, incarnation, self.learner.train_iter))
+            self._done.append((batch, slot, incarnation, self.driver.learner.train_iter))
         self._fill()
 
     def _collector_fault(self, slot: int, err: BaseException) -> None:
@@ -386,7 +395,7 @@ class RayAsyncTrainer(AsyncTrainer):
             time.sleep(min(timeout_s, 0.01))
         self._fill()
 
-    def _batch_ready(self) -> bool:
+    def batch_ready(self) -> bool:
         self._poll(0)
         return self._handed_in()
 
@@ -394,7 +403,7 @@ class RayAsyncTrainer(AsyncTrainer):
         """A batch for the driver: one finished collect, or with multi_sync a whole finished round."""
         return bool(self._done) and (self.cfg.async_pipeline.collector != "multi_sync" or not self.running)
 
-    def _next_batch(self, iterator) -> TensorDictBase:
+    def next_batch(self) -> TensorDictBase:
         ap = self.cfg.async_pipeline
         wait_s = max(ap.shutdown_timeout_s * 10, 60.0)
         deadline = time.monotonic() + wait_s
@@ -438,19 +447,17 @@ class RayAsyncTrainer(AsyncTrainer):
         return batch
 
     # -- weights and the lag bound -----------------------------------------------------------
-    def _publish_if_due(self) -> None:
-        ap = self.cfg.async_pipeline
-        if publish_due(self.learner.train_iter, self.published_iter, ap.weight_sync_interval, ap.max_policy_lag):
-            t0 = time.perf_counter()
-            # one snapshot per version in the object store; every actor's next collect reuses the ref
-            self._latest_ref = self.ray.put(self._packer.pack(self.learner.model))
-            self.publish_s.append(time.perf_counter() - t0)
-            self.versions.record(self.versions.latest_version + 1, self.learner.train_iter)
-            self.published_iter = self.learner.train_iter
+    def publish(self) -> None:
+        driver = self.driver
+        t0 = time.perf_counter()
+        # one snapshot per version in the object store; every actor's next collect reuses the ref
+        self._latest_ref = self.ray.put(self._packer.pack(driver.learner.model))
+        self.publish_s.append(time.perf_counter() - t0)
+        driver.versions.record(driver.versions.latest_version + 1, driver.learner.train_iter)
 
-    def _await_publish(self) -> None:
+    def await_publish(self) -> None:
         """Before the weights change: no collect of an older version than the newest is still running."""
-        latest = self.versions.latest_version
+        latest = self.driver.versions.latest_version
         stale = [ref for ref, (_, _, version) in self.running.items() if version < latest]
         if not stale:
             return
@@ -465,32 +472,30 @@ class RayAsyncTrainer(AsyncTrainer):
                                  f"< {latest} within {timeout:g} s")
 
     def _eval_lost(self, version: int) -> None:
-        """A restarted evaluator's lost evaluation: drop the weights kept for its score; the version may go again."""
-        self._pending_eval.pop(version, None)
-        self._evaluated.discard(version)  # the final evaluation resubmits the last version if it was this one
+        """A restarted evaluator's lost evaluation: the driver drops the weights kept for its score."""
+        self.driver.evaluation_lost(version)  # the final evaluation resubmits the last version if it was this one
         self.eval_restarts += 1
 
-    def _busy_actor_cpus(self) -> int:
+    def busy_actor_cpus(self) -> int:
         ap = self.cfg.async_pipeline
         evaluating = self.evaluators.inflight if self.evaluators is not None else 0
         return int(len(self.running) * ap.collector_num_cpus + evaluating * ap.evaluator_num_cpus)
 
-    def _counters(self) -> dict:
-        counters = super()._counters()
-        publish = getattr(self, "publish_s", [])
+    def counters(self) -> dict:
+        publish = self.publish_s
         # actor_restarts: collectors and evaluators together; evaluator_restarts: the evaluators' share
-        evaluators = getattr(self, "eval_restarts", 0)
-        counters.update(actor_restarts=getattr(self, "restarts", 0) + evaluators, evaluator_restarts=evaluators,
-                        publish_ms_mean=1000 * sum(publish) / max(len(publish), 1))
-        return counters
+        evaluators = self.eval_restarts
+        return {"actor_restarts": self.restarts + evaluators, "evaluator_restarts": evaluators,
+                "publish_ms_mean": 1000 * sum(publish) / max(len(publish), 1)}
 
 
 class _DriverControl:
     """The values the local backend shares through memory; on Ray they travel with each collect
-    (temperature) or stay with the driver (the collect gate's, read by :meth:`RayAsyncTrainer._fill`)."""
+    (temperature) or stay with the driver (the collect gate's, read by :meth:`RayBackend._fill`)."""
 
     def __init__(self) -> None:
-        self.values = [0.0, 1.0, 0.0, 0.0, 0.0]
+        self.values = [0.0] * CONTROL_SIZE
+        self.values[TEMPERATURE] = 1.0
 
     def __getitem__(self, i: int) -> float:
         return self.values[i]

@@ -86,7 +86,7 @@ def split_ready_env(env: EnvBase) -> tuple[AsyncEnvPool, list[TensorDictPrimer]]
     Examples:
         >>> import functools
         >>> from torchrl.envs import GymEnv, TransformedEnv
-        >>> from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool
+        >>> from torchrl_muzero.torchrl_guards import GuardedAsyncEnvPool
         >>> pool = GuardedAsyncEnvPool([functools.partial(GymEnv, "CartPole-v1")] * 2, backend="threading")
         >>> split_ready_env(TransformedEnv(pool))[0] is pool
         True
@@ -130,7 +130,7 @@ def steps_ready_games(cfg) -> bool:
         >>> steps_ready_games(load_config({}))
         False
     """
-    from torchrl_muzero.trainers.config_checks import effective_pool
+    from torchrl_muzero.envs.env_ids import effective_pool
 
     return cfg.env.kind == "atari" and effective_pool(cfg.env) == "async" and cfg.env.num_envs > 1
 
@@ -187,7 +187,7 @@ class ReadyStepCollector(BaseCollector):
     Examples:
         >>> import functools, torch
         >>> from torchrl.envs import GymEnv
-        >>> from torchrl_muzero.trainers.torchrl_guards import GuardedAsyncEnvPool
+        >>> from torchrl_muzero.torchrl_guards import GuardedAsyncEnvPool
         >>> pool = GuardedAsyncEnvPool([functools.partial(GymEnv, "CartPole-v1")] * 3, backend="threading")
         >>> def policy(td):
         ...     td["action"] = pool.full_action_spec["action"][0].zero().expand(td.shape[0], 2).clone()

@@ -31,9 +31,10 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from torchrl_muzero.trainers.config import ConfigError, ModelConfig, TrainConfig, load_config, plain_config
+from torchrl_muzero.errors import ConfigError
+from torchrl_muzero.trainers.config import ModelConfig, TrainConfig, load_config, plain_config
 
-__all__ = ["FROZEN_KEYS", "saved_run_config", "check_frozen_keys", "load_run_config", "resume_from_overrides"]
+__all__ = ["FROZEN_KEYS", "saved_run_config", "check_frozen_keys", "check_resume_folder", "load_run_config", "resume_from_overrides"]
 
 #: keys a resume may not change. Measured (every algorithm, each key changed alone): a different value
 #: makes ``Learner.load_state_dict`` fail (model, loss or optimizer tensors of another shape or name),
@@ -176,9 +177,22 @@ def check_frozen_keys(saved: Mapping, new: Mapping, folder: str | Path,
             "file to resume with an empty buffer of the new capacity.")
 
 
-def _resolve_folder(target: Any) -> Path:
-    from torchrl_muzero.trainers.config_checks import check_resume_folder
+def check_resume_folder(target) -> Path:
+    """The folder ``resume`` names, if it is an existing folder (else a ``ConfigError`` naming ``resume``)."""
+    folder = Path(target)
+    if not folder.exists():
+        raise ConfigError(f"config key 'resume': the run folder {str(folder)!r} does not exist.")
+    if not folder.is_dir():
+        raise ConfigError(f"config key 'resume': {str(folder)!r} is not a folder (resume takes a run folder, the "
+                          "one holding ckpt/last.pt).")
+    return folder
 
+
+def _holds_a_run(folder: Path) -> bool:
+    return any((folder / name).exists() for name in ("config.json", "ckpt", "eval.csv", "summary.json"))
+
+
+def _resolve_folder(target: Any) -> Path:
     return check_resume_folder(target)
 
 

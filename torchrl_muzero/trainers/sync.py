@@ -13,7 +13,7 @@ from torchrl_muzero.trainers.builders import algorithm, build_policy, mcts_confi
 from torchrl_muzero.trainers.evaluation import evaluate_with_stats
 from torchrl_muzero.trainers.ready_collector import ReadyStepCollector, steps_ready_games
 from torchrl_muzero.trainers.stop_signals import children_deaf_to_ctrl_c
-from torchrl_muzero.trainers.torchrl_guards import reclaim_torch_threads
+from torchrl_muzero.torchrl_guards import reclaim_torch_threads
 
 #: seconds the sync trainer waits for its collector's or eval env's close (a ParallelEnv joins its workers)
 _SHUTDOWN_TIMEOUT_S = 30.0

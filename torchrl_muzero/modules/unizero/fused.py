@@ -87,9 +87,10 @@ def fused_unizero_weights(model) -> tuple[list[torch.Tensor], list[int], list[fl
         >>> fused_unizero_weights(UniZeroModel((4,), 2, embed_dim=16, num_heads=4)) is None  # head_dim 4
         True
     """
-    from torchrl_muzero.modules.unizero.model import UniZeroModel  # model.py imports this module
-
-    if not isinstance(model, UniZeroModel):
+    # the class the kernel mirrors (UniZeroModel: the class that defines fused_unizero_weights), found in the
+    # model's MRO: model.py imports this module, so this module cannot import model.py back
+    UniZeroModel = next((c for c in type(model).__mro__ if "fused_unizero_weights" in vars(c)), None)
+    if UniZeroModel is None or not isinstance(model, UniZeroModel):
         return None
     hit = _CACHE.get(model)
     if hit is not None and _still_valid(model, hit):
@@ -259,9 +260,9 @@ def kernel_enabled() -> bool:
 
 
 def _kernel(name: str):
-    from torchrl_muzero.mcts import _cpp
+    from torchrl_muzero.kernel import load_tree_ops
 
-    ops = _cpp.load_tree_ops()
+    ops = load_tree_ops()
     return None if ops is None else getattr(ops, name, None)
 
 

@@ -13,8 +13,8 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from torchrl_muzero.trainers.bounded_call import call_within
-from torchrl_muzero.trainers.torchrl_guards.weight_sync import (
+from torchrl_muzero.bounded_call import call_within
+from torchrl_muzero.torchrl_guards.weight_sync import (
     GuardedWeightSyncScheme,
     WeightPublishError,
     _weights_td,

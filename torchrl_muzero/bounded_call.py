@@ -13,7 +13,7 @@ the process and its leftover children.
 
 Example:
     >>> import time
-    >>> from torchrl_muzero.trainers.bounded_call import call_within
+    >>> from torchrl_muzero.bounded_call import call_within
     >>> call_within(lambda: None, timeout_s=1.0, what="a quick shutdown") is None
     True
     >>> print(call_within(lambda: time.sleep(5), timeout_s=0.1, what="a slow shutdown").splitlines()[0])

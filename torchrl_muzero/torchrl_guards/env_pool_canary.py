@@ -21,7 +21,7 @@ import time
 import torch
 from torchrl.envs import AsyncEnvPool
 
-from torchrl_muzero.trainers.torchrl_guards.env_pools import ASYNCENVPOOL_BUGS
+from torchrl_muzero.torchrl_guards.env_pools import ASYNCENVPOOL_BUGS
 
 __all__ = ["asyncenvpool_bugs", "asyncenvpool_is_fixed"]
 
@@ -132,7 +132,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _run_probe(timeout_s: float) -> dict[str, bool]:
-    code = "from torchrl_muzero.trainers.torchrl_guards.env_pool_canary import _asyncenvpool_probe; _asyncenvpool_probe()"
+    code = "from torchrl_muzero.torchrl_guards.env_pool_canary import _asyncenvpool_probe; _asyncenvpool_probe()"
     env = dict(os.environ)
     env.setdefault("RL_WARNINGS", "False")
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -1,18 +1,16 @@
-"""MuZero against fixed opponents on tic-tac-toe (random and perfect play).
+"""MuZero against fixed opponents on tic-tac-toe (random and perfect play): the trainers' board evaluation.
 
 A match plays ``num_games`` games at once (one batched search per ply);
 MuZero moves first in the first half of the games and second in the other
 half, greedily (no root noise, the most visited action). Scores are from
 MuZero's view: +1 win, 0 draw, -1 loss.
 
-Play a run's final weights (``ckpt/last.pt``) against both opponents::
-
-    python -m torchrl_muzero.envs.board_eval outputs/2026-12-01/10-00-00 --games 100
+It lives in the trainers because it runs the algorithm's search on the env's
+boards (it is above both); the command line that plays a run's weights is
+``sota-implementations/muzero/board_eval.py``.
 """
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -20,7 +18,7 @@ import torch
 from torchrl_muzero.envs.board_opponents import MinimaxPlayer, RandomPlayer
 from torchrl_muzero.envs.tictactoe import NUM_CELLS, legal_moves, observe, play
 
-__all__ = ["muzero_player", "play_match", "evaluate_board", "main"]
+__all__ = ["muzero_player", "play_match", "evaluate_board", "load_run_model"]
 
 
 def muzero_player(model, mcts_config, search_fn=None):
@@ -104,32 +102,3 @@ def load_run_model(run_dir: str | Path, checkpoint: str = "last.pt"):
     from torchrl_muzero.trainers.builders import model_from_checkpoint
 
     return model_from_checkpoint(Path(run_dir) / "ckpt" / checkpoint)
-
-
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir")
-    parser.add_argument("--checkpoint", default="last.pt", help="file in <run_dir>/ckpt (default last.pt)")
-    parser.add_argument("--games", type=int, default=100, help="games per opponent")
-    parser.add_argument("--simulations", type=int, default=0, help="0: the run's eval.num_simulations")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    from torchrl_muzero.trainers.builders import algorithm, mcts_config
-
-    from torchrl_muzero.trainers.checkpoint import CheckpointError
-
-    try:
-        model, cfg = load_run_model(args.run_dir, args.checkpoint)
-    except CheckpointError as err:  # missing, corrupt, or holding pickled code: one line, exit 2
-        parser.exit(2, f"error: {err}\n")
-    sims = args.simulations or cfg.eval.num_simulations or cfg.mcts.num_simulations
-    scores, stats = evaluate_board(model, mcts_config(cfg, temperature=0.0, num_simulations=sims),
-                                   args.games, args.seed, search_fn=algorithm(cfg).search_fn)
-    out = {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint, "games_per_opponent": args.games,
-           "simulations": sims, "mean_score": sum(scores) / len(scores), **stats}
-    print(json.dumps(out, indent=2))
-    return out
-
-
-if __name__ == "__main__":
-    main()

@@ -87,7 +87,7 @@ Usage (trainer side)::
 
     from torchrl.collectors import MultiSyncCollector
     from torchrl.envs import GymEnv
-    from torchrl_muzero.trainers.torchrl_guards import (
+    from torchrl_muzero.torchrl_guards import (
         GuardedWeightSyncScheme, PolicyVersionMap, publish_weights)
 
     scheme = GuardedWeightSyncScheme(initial_weights=model)   # snapshot now
@@ -107,12 +107,12 @@ Usage (trainer side)::
 """
 from __future__ import annotations
 
-from torchrl_muzero.trainers.torchrl_guards.collectors import PolicyVersionMap, publish_weights
-from torchrl_muzero.trainers.torchrl_guards.env_pool_canary import asyncenvpool_bugs, asyncenvpool_is_fixed
-from torchrl_muzero.trainers.torchrl_guards.env_pools import GuardedAsyncEnvPool, child_seeds
-from torchrl_muzero.trainers.torchrl_guards.locked_policy import LockedPolicy, find_locked_policy
-from torchrl_muzero.trainers.torchrl_guards.threads import reclaim_torch_threads
-from torchrl_muzero.trainers.torchrl_guards.weight_sync import (
+from torchrl_muzero.torchrl_guards.collectors import PolicyVersionMap, publish_weights
+from torchrl_muzero.torchrl_guards.env_pool_canary import asyncenvpool_bugs, asyncenvpool_is_fixed
+from torchrl_muzero.torchrl_guards.env_pools import GuardedAsyncEnvPool, child_seeds
+from torchrl_muzero.torchrl_guards.locked_policy import LockedPolicy, find_locked_policy
+from torchrl_muzero.torchrl_guards.threads import reclaim_torch_threads
+from torchrl_muzero.torchrl_guards.weight_sync import (
     GuardedWeightSyncScheme,
     WeightPublishError,
     snapshot_weights,

@@ -1,6 +1,6 @@
 """Weight-sync guards for torchrl 0.14.1's ``MultiProcessWeightSyncScheme`` (PR 4701, bugs 1-5).
 
-See the package docstring (:mod:`torchrl_muzero.trainers.torchrl_guards`) for
+See the package docstring (:mod:`torchrl_muzero.torchrl_guards`) for
 each bug; the regression tests and the canary (``test_naive_live_tensors_tear``)
 are in ``test/test_torchrl_guards.py``.
 """
@@ -16,7 +16,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torchrl.weight_update import MultiProcessWeightSyncScheme
 
-from torchrl_muzero.trainers.torchrl_guards.locked_policy import (
+from torchrl_muzero.torchrl_guards.locked_policy import (
     LockedPolicy,
     _copy_into,
     find_locked_policy,

@@ -38,7 +38,7 @@ from being used under a collector:
 
 :class:`GuardedAsyncEnvPool` is torchrl's pool with every guard, for both
 backends. The canary that says when a guard can go,
-:func:`~torchrl_muzero.trainers.torchrl_guards.env_pool_canary.asyncenvpool_bugs`,
+:func:`~torchrl_muzero.torchrl_guards.env_pool_canary.asyncenvpool_bugs`,
 lives in ``env_pool_canary.py``.
 Regression tests: ``test/test_torchrl_guards_env_pools.py``.
 """

@@ -1,7 +1,7 @@
 """Worker-side policy lock for torchrl 0.14.1's weight sync (PR 4701, bugs 2 and 5 of the package docstring).
 
 :class:`LockedPolicy` runs a collector worker's policy under the lock that
-:class:`~torchrl_muzero.trainers.torchrl_guards.weight_sync.GuardedWeightSyncScheme`
+:class:`~torchrl_muzero.torchrl_guards.weight_sync.GuardedWeightSyncScheme`
 holds while it copies published weights in, and writes the version of the
 weights that produced each action. Regression tests:
 ``test/test_torchrl_guards.py`` (``test_guarded_publish_never_tears_a_forward``).
@@ -83,7 +83,7 @@ class LockedPolicy(TensorDictModuleBase):
         >>> from tensordict import TensorDict
         >>> from torchrl_muzero.mcts import MCTSConfig, MCTSPolicy
         >>> from torchrl_muzero.modules import MuZeroMLPModel
-        >>> from torchrl_muzero.trainers.torchrl_guards import LockedPolicy, snapshot_weights
+        >>> from torchrl_muzero.torchrl_guards import LockedPolicy, snapshot_weights
         >>> model = MuZeroMLPModel((4,), 2, latent_dim=8, hidden_dim=8)
         >>> policy = LockedPolicy(MCTSPolicy(model, MCTSConfig(num_simulations=2)), weights_module=model)
         >>> policy.load_published_weights(snapshot_weights(MuZeroMLPModel((4,), 2, 8, 8)), version=3)
