@@ -12,7 +12,7 @@ SOURCES = ("tree_ops.cpp", "mlp_net.cpp", "mlp_search.cpp", "stochastic_net.cpp"
            "root_ops.cpp")
 HEADERS = ("tree_common.h", "rules.h", "gumbel_rules.h", "dispatch.h", "mlp_net.h", "mlp_kernels.h",
            "stochastic_net.h", "ez_net.h", "gumbel_readout.h", "fused_loop.h", "unizero_net.h",
-           "pack_cache.h", "entry_points.h")
+           "pack_cache.h", "entry_points.h", "unizero_kernels.h")
 
 # fp-contract=off: no fused multiply-adds (the kernel's float32 contract); the sources force it
 # with a pragma too. -g0: no debug information (Python's CFLAGS bring -g), which took a third of
