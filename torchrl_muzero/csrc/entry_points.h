@@ -1,8 +1,8 @@
 // The Python-visible functions the module file (tree_ops.cpp) binds, defined
 // in the compute files named below. Only tree_ops.cpp includes pybind11: the
 // other translation units see the light ATen / c10 headers of tree_common.h
-// (a translation unit on torch/extension.h parsed ~25 s of headers, most of
-// the kernel's build time).
+// (parsing torch/extension.h was most of the kernel's build time:
+// docs/performance_search.md, "C++ kernel build time").
 //
 // The fused searches take their common arguments (the tree, the rules, the
 // precision switch) as one FusedCall, built in tree_ops.cpp by

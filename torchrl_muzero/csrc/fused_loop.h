@@ -60,10 +60,11 @@ inline RowSplit row_split(int64_t B) {
 // extension is linked against torch's OpenMP runtime (MZ_TORCH_OPENMP, see
 // mcts/_kernel_build.py): after any parallel torch op that team's idle
 // workers spin for milliseconds, and a thread of our own started meanwhile
-// shares its core with a spinning worker and runs at half speed (measured:
-// two threads were no faster than one, docs/performance.md). Elsewhere
-// plain std::threads (started per search: ~50 us against a search of
-// milliseconds).
+// shares its core with a spinning worker and runs at half speed (two
+// threads were no faster than one: docs/performance_search.md, "One OpenMP
+// team (why the kernel links torch's `libgomp`)"). Elsewhere plain
+// std::threads (started per search: small next to a search of milliseconds;
+// docs/performance_search.md, "Design figures quoted from the code").
 template <class Chunk>
 void for_row_chunks(int64_t B, Chunk&& chunk) {
   const RowSplit split = row_split(B);

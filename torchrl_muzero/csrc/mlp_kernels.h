@@ -250,10 +250,11 @@ MZ_INLINE void dense_few(const Dense& d, const float* const* x,
 // y[s] = layer(x[s]) for n rows. With 4+ rows: column panels of 2 vectors in
 // the outer loop (a panel's weights, K x 64 bytes at most, stay in L1 while
 // every row block uses them), 4-row blocks inside: 8 accumulators, 2 weight
-// loads and 4 broadcasts per k. (4 x 3 tiles measured no faster: the loop is
+// loads and 4 broadcasts per k. (4 x 3 tiles were no faster: the loop is
 // bound by the multiply and add ports.) The FMA path keeps 4 x 2: 8
 // accumulators cover FMA's 4-cycle latency on 2 ports, and 4 x 3, 3 x 4 and
-// 6 x 2 measured no faster on the canonical layers (docs/performance.md).
+// 6 x 2 were no faster on the canonical layers (docs/performance_search.md,
+// "The opt-in FMA network path").
 template <class V, bool F = false>
 MZ_INLINE void dense(const Dense& d, int64_t n, const float* const* x,
                      const float* const* extra, bool relu, float* const* y) {

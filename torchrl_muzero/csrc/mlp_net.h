@@ -3,13 +3,13 @@
 // ---------------------------------------------------------------------------
 // Fused search for MuZeroMLPModel with one hidden layer per network.
 //
-// Why: at small B the per-simulation model call costs ~25-30 aten calls of
-// 3-6 us dispatch each (~150-250 us per simulation at B=1), against ~2 us of
-// tree work. `mlp_search` runs every simulation of a search in this one call:
-// select, gather the parent latent, the network step as raw loops (no
-// dispatch, no allocation), expand and backup; the GIL is released
-// throughout. Measured in docs/performance.md ("Search"), with
-// benchmarks/test_search_bench.py.
+// Why: at small B the per-simulation model call costs ~25-30 aten calls,
+// whose dispatch far outweighs the tree work. `mlp_search` runs every
+// simulation of a search in this one call: select, gather the parent latent,
+// the network step as raw loops (no dispatch, no allocation), expand and
+// backup; the GIL is released throughout. Figures: docs/performance_search.md,
+// "Design figures quoted from the code"; whole searches: "The backends, MuZero
+// canonical case (pytest benchmark)", benchmarks/test_search_bench.py.
 //
 // The network step mirrors MuZeroMLPModel.recurrent_inference_scalar:
 //   h      = relu((W1[:, :L] x + b1) + W1[:, L + a])        dynamics, layer 1
@@ -80,8 +80,9 @@ constexpr int64_t round_up16(int64_t n) { return (n + 15) & ~int64_t{15}; }
 // Allocator of 64-byte aligned storage (C++17 aligned new). Layer rows are
 // multiples of 16 floats, so from an aligned base every 16-float panel of a
 // packed weight row is one cache line and no vector load or store splits
-// across two (std::vector's 16-byte alignment split half of them: the dense
-// loops measured 5-7 % slower). Alignment changes no result.
+// across two (std::vector's 16-byte alignment split half of them, and the
+// dense loops ran slower: docs/performance_search.md, "The opt-in FMA network
+// path"). Alignment changes no result.
 template <class T>
 struct CacheAligned {
   using value_type = T;

@@ -172,7 +172,8 @@ void mlp_search(const FusedCall& call, const at::Tensor& embeddings,
 // yet: the search runs on per-thread discount / logits / raw-value buffers
 // (the discount everywhere, zero logits: every edge selectable but the root's
 // illegal ones), so the tree's own children_logits and raw_value stay as the
-// caller left them. (Torch temporaries cost ~25 us per call at B=1.)
+// caller left them. (Not torch temporaries: their cost per call at B=1 is in
+// docs/performance_search.md, "Design figures quoted from the code".)
 void mlp_search_puct(const at::Tensor& visit_count, const at::Tensor& value_sum,
                      const at::Tensor& parent,
                      const at::Tensor& action_from_parent,

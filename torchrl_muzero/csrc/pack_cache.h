@@ -1,8 +1,8 @@
 // A thread's few packed networks, most recently used first (pack_unizero).
 // ---------------------------------------------------------------------------
 // Why more than one: packing a network's weights into the kernel's layouts
-// costs more than a small search (~230 us for UniZero at CartPole sizes, B =
-// 1: ~0.1 of a cached search), and a thread that alternates between models
+// costs more than a small search (docs/performance_search.md, "Design
+// figures quoted from the code"), and a thread that alternates between models
 // (a benchmark timing the cache and the recompute mode back to back, an
 // evaluation model beside the acting one, the torch-step root of another
 // model) repacked at every call with a single slot. A few slots keep each

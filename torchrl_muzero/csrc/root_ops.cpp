@@ -3,11 +3,12 @@
 // root's Dirichlet noise mixed into its priors (mcts/noise.py) and MuZero's
 // readout of a finished tree (mcts/search.py::visit_result).
 // ---------------------------------------------------------------------------
-// Why: at B = 1 a fused search's simulations cost ~1 ms and the Python around
-// them about as much, ~18 small torch ops for the tree, ~25 for the noise (a
+// Why: at B = 1 the Python around a fused search's simulations cost about as
+// much as they do, ~18 small torch ops for the tree, ~25 for the noise (a
 // rejection loop of torch ops then; now ATen's _standard_gamma) and ~20 for
-// the readout among it (~3-5 us each through Python against ~1-2 us from
-// here, and less of the cache evicted between searches).
+// the readout among it (each op slower through Python than from here, and
+// less of the cache evicted between searches; figures:
+// docs/performance_search.md, "Design figures quoted from the code").
 // Contract: the results are bit for bit the Python functions'. The random
 // draws and every op whose float result could depend on the implementation
 // (log, pow, softmax, multinomial, argmax, the noise's arithmetic) are the

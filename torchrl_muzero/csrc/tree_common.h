@@ -21,8 +21,9 @@
 // way torch.minimum/maximum do).
 #pragma once
 
-// Light ATen / c10 headers only (not torch/extension.h: ~25 s of parsing per
-// translation unit, the whole C++ frontend and Python bindings): the compute
+// Light ATen / c10 headers only (not torch/extension.h: the whole C++ frontend
+// and Python bindings, parsed again by every translation unit;
+// docs/performance_search.md, "C++ kernel build time"): the compute
 // files see tensors, their dtypes and TORCH_CHECK; a file that calls an ATen
 // op includes that op's own header (<ATen/ops/empty.h>, ...), and only the
 // module file (tree_ops.cpp) includes pybind11.
@@ -46,7 +47,8 @@
 
 // The per-tree helpers below are called in the innermost loops: force them
 // inline (an out-of-line `inline` function of a shared object is called
-// through the PLT, which measured ~10% slower fused searches at B=1).
+// through the PLT, which made fused searches at B=1 slower:
+// docs/performance_search.md, "Design figures quoted from the code").
 #if defined(__GNUC__) || defined(__clang__)
 #define TREE_OPS_INLINE inline __attribute__((always_inline))
 #else

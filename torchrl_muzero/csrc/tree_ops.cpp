@@ -3,11 +3,11 @@
 // pybind11 (it binds every function of entry_points.h here).
 //
 // Why C++: done as batched torch ops, one depth level of select/backup costs
-// ~35 small aten calls (3-6 us of dispatch each on CPU), which dominates the
-// search. Here one call per simulation walks every tree directly on the
-// tensors' memory (select + backup ~0.2 us per tree per simulation at B=64..256,
-// ~3.5 us per simulation at B=1, mostly pybind call overhead). Measured in
-// docs/performance.md ("Search"), with benchmarks/test_search_bench.py.
+// ~35 small aten calls, whose dispatch on CPU dominates the search. Here one
+// call per simulation walks every tree directly on the tensors' memory (at
+// B=1 mostly pybind call overhead). Figures: docs/performance_search.md,
+// "Design figures quoted from the code"; whole searches: "The backends,
+// MuZero canonical case (pytest benchmark)", benchmarks/test_search_bench.py.
 //
 // Files:
 //   tree_common.h  argument checks, the per-tree view, expand + backup
@@ -63,9 +63,10 @@ namespace {
 
 // The loops over B are deliberately serial. Trees are independent, so a
 // parallel split would stay deterministic, but on the 2-core target a select
-// over 256 full trees of 51 nodes takes ~40 us, the same as at::parallel_for
-// with 2 threads measured (the extension is not built with OpenMP, and the
-// search's network call is what should have the cores).
+// over 256 full trees of 51 nodes took as long serial as with at::parallel_for
+// on 2 threads (docs/performance_search.md, "Design figures quoted from the
+// code"; the extension is not built with OpenMP, and the search's network
+// call is what should have the cores).
 
 std::tuple<at::Tensor, at::Tensor> select_leaves(
     const at::Tensor& visit_count, const at::Tensor& value_sum,

@@ -96,7 +96,8 @@ MZ_INLINE void blocks(const UzNet& net, UzScratch& sc, int64_t m, const Pass& p)
 // and the roots: one out-of-line copy per build (baseline, AVX2, FMA), each
 // with the kernels inlined as before. Inlined at their eight call sites
 // (twice per token pass, in the full forward, in the roots), the transformer
-// layers made this file ~70 s of compiling, the kernel build's longest; a
+// layers made this file the kernel build's longest to compile
+// (docs/performance_search.md, "C++ kernel build time"); a
 // call per pass of the layers costs nothing next to the pass, and a copy's
 // code and results are the inlined ones'.
 __attribute__((noinline)) void blocks_baseline(const UzNet& net, UzScratch& sc, int64_t m,

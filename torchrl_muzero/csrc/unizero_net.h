@@ -2,11 +2,12 @@
 // UniZeroModel.search_step (modules/unizero/model.py) as raw vectorised
 // loops, with the exact KV cache keyed by tree node.
 // ---------------------------------------------------------------------------
-// Why: a torch search step of the UniZero world model costs ~2.4 ms of
-// per-op dispatch at B = 1 whatever its token count (two one-token passes
-// through the layers, the four heads, the TensorDict node state), so the KV
-// cache saved almost nothing over recomputing the context. Here a step is
-// ~tens of microseconds of arithmetic and the cache's saving shows.
+// Why: a torch search step of the UniZero world model is mostly per-op
+// dispatch at B = 1 whatever its token count (two one-token passes through
+// the layers, the four heads, the TensorDict node state), so the KV cache
+// saved almost nothing over recomputing the context. Here a step is
+// arithmetic only and the cache's saving shows (figures:
+// docs/performance_search.md, "Design figures quoted from the code").
 //
 // The step mirrors search_step on a parent node whose context is the token
 // sequence [z_0, a_0, ..., z_{n-1}] at slots 0 .. lp - 1 (lp = 2n - 1):

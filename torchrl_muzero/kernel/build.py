@@ -27,8 +27,9 @@ def torch_openmp_library() -> str | None:
     The fused searches split their trees with ``at::parallel_for``, on torch's OpenMP thread team.
     They must use that team and no second one: after every parallel torch op, torch's idle OpenMP
     workers spin for milliseconds, so a thread of our own started during that time shares its core
-    with a spinning worker and runs at about half speed (measured: a 2-thread search no faster than
-    a 1-thread one, docs/performance_search.md). Linking the extension against this very file (its soname,
+    with a spinning worker and runs at about half speed: a 2-thread search was no faster than a
+    1-thread one (docs/performance_search.md, "One OpenMP team (why the kernel links torch's
+    `libgomp`)"). Linking the extension against this very file (its soname,
     already loaded by torch) makes ``#pragma omp parallel`` reuse torch's team. Only GNU libgomp
     bundled in torch's ``lib`` folder is used; anything else (macOS, Intel's runtime, a conda
     build) gets ``None`` and the kernel's plain std::thread split.

@@ -284,7 +284,8 @@ def gumbel_muzero_search(
     discount = -config.discount if two_player else config.discount
     n = config.num_simulations
     # the tree's arrays in one C++ call on a CPU tree, as MuZero's search makes them (the same
-    # tensors: test_root_ops.py); ~0.1-0.2 ms of small torch ops less per search
+    # tensors: test_root_ops.py); small torch ops less per search (docs/performance_search.md,
+    # "Design figures quoted from the code")
     tree = start_tree(root, n, legal, discount, _root_ops(config, device))
 
     if add_noise and config.gumbel_scale > 0:

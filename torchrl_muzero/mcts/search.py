@@ -178,7 +178,8 @@ def _run_fused(model, ops, tree: Tree, config: MCTSConfig, root_rule, interior_r
     node state is the one the spec declares (:meth:`FusedSpec.matches`);
     otherwise nothing runs and the caller takes the per-simulation loop. The
     per-simulation model call costs ~25-30 aten dispatches for the MLP
-    models (~2.4 ms for a UniZero step at B = 1), which dominate small-batch
+    models (a UniZero step's cost at B = 1: docs/performance_search.md,
+    "Design figures quoted from the code"), which dominate small-batch
     searches. The fused network rounds differently from BLAS in the last
     bits, so near-tied choices can differ from the torch path
     (test/test_fused_search.py). ``generator`` is the search's: an entry that
@@ -332,9 +333,9 @@ def muzero_search(
     device = root.policy_logits.device
     legal = check_action_mask(action_mask, B, A, device)
     discount = -config.discount if two_player else config.discount
-    # The tree, the noise and the readout in one C++ call each on a CPU tree (~0.25 ms of small
-    # torch ops at B = 1, as much as ten cached UniZero simulations); the same ATen draws and
-    # ops, so the same bits.
+    # The tree, the noise and the readout in one C++ call each on a CPU tree (as small torch ops
+    # they cost as much at B = 1 as ten cached UniZero simulations: docs/performance_search.md,
+    # "Design figures quoted from the code"); the same ATen draws and ops, so the same bits.
     ops = _root_ops(config, device)
     tree = start_tree(root, config.num_simulations, legal, discount, ops)
     if add_noise and config.dirichlet_fraction > 0:

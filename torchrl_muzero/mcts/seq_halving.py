@@ -11,8 +11,9 @@ The number of considered actions differs per root (``m = min(max_m, #legal)``),
 so a search keeps the table of sequences ``[max_m + 1, n]`` of
 :func:`considered_visit_table` and gathers the row of each root's ``m``. The
 table depends only on ``(max_m, n)``: a search reads the cached copy of
-:func:`cached_considered_visit_table` (building it in Python took ~0.2 ms, as
-long as a whole B=1 fused search's bookkeeping).
+:func:`cached_considered_visit_table` (building it in Python took as long as a
+whole B=1 fused search's bookkeeping: docs/performance_search.md, "Design
+figures quoted from the code").
 """
 from __future__ import annotations
 

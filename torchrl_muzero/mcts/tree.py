@@ -150,7 +150,8 @@ def _node_states(root_state: TensorDictBase, N: int) -> TensorDictBase:
     node's own slots (:func:`~torchrl_muzero.modules.unizero.node_states.complete_node_states`
     rebuilds the rest on demand). A flat TensorDict of plain tensors (every
     model's node state) is allocated leaf by leaf, without the TensorDict ops'
-    ~50 us per search.
+    cost per search (docs/performance_search.md, "Design figures quoted from
+    the code").
     """
     B = root_state.batch_size[0]
     if type(root_state) is TensorDict and root_state.batch_dims == 1 and all(n is None for n in root_state.names):

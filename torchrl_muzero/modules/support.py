@@ -19,8 +19,9 @@ def inverse_signed_hyperbolic(y: torch.Tensor, epsilon: float) -> torch.Tensor:
     """``h^{-1}`` in the fewest ops, for the search's hot path.
 
     Same function as torchrl's ``signed_parabolic`` (tested equal), written
-    as one closed form because that one builds scalar tensors and masks that
-    cost ~38 µs per call on CPU, which the search pays twice per simulation.
+    as one closed form because that one builds scalar tensors and masks on
+    every call, which the search pays twice per simulation (figure:
+    docs/performance_search.md, "Design figures quoted from the code").
     """
     root = (torch.sqrt(y.abs() * (4 * epsilon) + (1 + 4 * epsilon * (1 + epsilon))) - 1) / (2 * epsilon)
     return torch.sign(y) * (root * root - 1)
@@ -87,8 +88,9 @@ class CategoricalSupport(nn.Module):
 
         The search decodes a value and a reward at every simulation, and on
         CPU every aten call costs microseconds: torchrl's ``two_hot_decode``
-        and ``signed_parabolic`` take ~45 µs together for one row, this path
-        ~8 µs (tested equal to :meth:`decode`).
+        and ``signed_parabolic`` together take several times this path's time
+        for one row (tested equal to :meth:`decode`; figures:
+        docs/performance_search.md, "Design figures quoted from the code").
         """
         self._check(logits)
         return inverse_signed_hyperbolic(self.expectation(logits), self.epsilon)

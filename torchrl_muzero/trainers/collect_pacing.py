@@ -4,8 +4,8 @@ Why. Left alone, a collector worker starts its next batch the moment the
 driver takes the last one, finishes it in a fraction of the time the learner
 needs for that batch's updates, and the batch then waits in the queue. The
 learner therefore always trains on data one collect older than the sync
-pipeline's (measured on CartPole UniZero: the newest data 60-68 updates old on
-average against sync's 31.5; docs/architecture.md). With
+pipeline's (CartPole UniZero's figures: docs/performance_pipeline.md, "Design
+figures quoted from the code"; the newest data age: docs/architecture.md). With
 ``async_pipeline.collect_ahead_frames = N`` a worker runs a step only while
 the frames it would then have collected stay within ``N`` env steps of what the
 learner has trained on, so the next batch is collected while the learner works

@@ -3,12 +3,14 @@
 The collector and evaluator processes each run on ``collector_num_cpus`` /
 ``evaluator_num_cpus`` threads. While they work, a learner that keeps every
 core oversubscribes the machine: on the 2-core development machine a Pong
-update (batch 8) took 0.87 s with 2 learner threads beside a busy collector
-against 0.51 s with 1 (docs/performance_pipeline.md, "Pong: sync vs async"). While they wait (back-pressure,
-no evaluation running) those cores are idle and the learner should take
-them: 2 threads made the same update 0.29 s. Changing torch's intra-op thread
-count costs well under a microsecond, so the driver re-decides it before each
-update from what the actors are doing at that moment.
+update (batch 8) was slower with 2 learner threads beside a busy collector
+than with 1 (docs/performance_pipeline.md, "Pong: sync vs async"). While they
+wait (back-pressure, no evaluation running) those cores are idle and the
+learner should take them: 2 threads then made the same update faster than
+either. Changing torch's intra-op thread count is cheap next to an update, so
+the driver re-decides it before each update from what the actors are doing at
+that moment (figures: docs/performance_pipeline.md, "Design figures quoted
+from the code").
 """
 from __future__ import annotations
 

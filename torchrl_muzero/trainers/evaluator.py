@@ -46,7 +46,7 @@ class EvalResult:
 
 def _evaluator_main(cfg_dict, observation_shape, action_space, requests, results, parent_pid, index, stop):
     yield_to_learner(int(cfg_dict["async_pipeline"]["actor_niceness"]))
-    freeze_heap_at_exit()  # the evaluator ends in ~0.2 s, not ~1 s, at the shutdown (quick_exit.py)
+    freeze_heap_at_exit()  # the evaluator ends several times sooner at the shutdown (quick_exit.py)
     num_threads = max(1, int(cfg_dict["async_pipeline"]["evaluator_num_cpus"]))
     torch.set_num_threads(num_threads)
     device = "cuda" if cfg_dict["async_pipeline"]["evaluator_num_gpus"] > 0 else "cpu"

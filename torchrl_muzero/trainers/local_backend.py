@@ -86,7 +86,7 @@ def _make_worker_policy(cfg_dict: dict, observation_shape, action_space, action_
     """
     cfg = load_config(cfg_dict)
     yield_to_learner(cfg.async_pipeline.actor_niceness)
-    freeze_heap_at_exit()  # the worker ends in ~0.2 s, not ~1 s, at the shutdown (quick_exit.py)
+    freeze_heap_at_exit()  # the worker ends several times sooner at the shutdown (quick_exit.py)
     torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
     model = build_model(cfg, observation_shape, action_space).to(device).eval()
     policy = build_policy(cfg, model, action_spec, generator=actor_generator(seed, device))
@@ -110,7 +110,7 @@ def make_worker_policy(cfg_dict: dict, observation_shape, action_space, action_s
     """
     cfg = load_config(cfg_dict)
     yield_to_learner(cfg.async_pipeline.actor_niceness)
-    freeze_heap_at_exit()  # the worker ends in ~0.2 s, not ~1 s, at the shutdown (quick_exit.py)
+    freeze_heap_at_exit()  # the worker ends several times sooner at the shutdown (quick_exit.py)
     torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
     model = build_model(cfg, observation_shape, action_space).to(device).eval()
     policy = build_policy(cfg, model, action_spec, generator=actor_generator(seed, device))

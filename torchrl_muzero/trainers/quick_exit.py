@@ -1,16 +1,16 @@
-"""Make a process that imported torch, tensordict and torchrl end in ~0.2 s instead of ~1 s.
+"""Make a process that imported torch, tensordict and torchrl end several times sooner.
 
 Why it exists: after a run's last line, the interpreter's finalization still runs
 the cyclic garbage collector over every object alive, and a process with torch,
 tensordict and torchrl imported holds millions of them (``torch._dynamo`` and
-sympy come in with tensordict). On the 2-core development machine that took
-0.9-1.2 s per process after the ``atexit`` handlers had run; freezing the heap
+sympy come in with tensordict). On the 2-core development machine that pass was
+most of a process's exit after the ``atexit`` handlers had run; freezing the heap
 first (:func:`gc.freeze`: what is alive now moves to a generation the collector
-never scans) made it 0.18 s (``python -c "import torch, tensordict, torchrl"``
-timed to the process's end, docs/performance_pipeline.md "Process exit"). An async run
-ends its collector workers and evaluators one after the other, and its script
-ends too, so the shutdown after Ctrl-C or at the end of a run waited ~1 s per
-process on work that frees memory the OS takes back anyway.
+never scans) cut it several-fold (docs/performance_pipeline.md, "Process exit" and
+"Design figures quoted from the code"). An async run ends its collector workers
+and evaluators one after the other, and its script ends too, so the shutdown
+after Ctrl-C or at the end of a run waited that long once per process on work
+that frees memory the OS takes back anyway.
 
 What freezing leaves out: the collector's last passes over objects that were
 alive when the process began to exit. The rest of a normal exit still happens:

@@ -25,7 +25,8 @@ class WeightPacker:
     """Weights as one flat numpy array per dtype: what Ray's object store holds without copies.
 
     A TensorDict or a dict of tensors goes through pickle, one byte copy per
-    tensor on both sides (8.4M parameters: ~0.2 s a publish to 2 actors);
+    tensor on both sides (8.4M parameters to 2 actors: docs/performance_memory.md,
+    "Ray: object store against the local scheme");
     numpy arrays are stored as one buffer that every reader on a node maps
     without a copy. :meth:`pack` fills reused flat staging tensors (``ray.put``
     copies them into the store at once, so reuse is safe); :func:`unpack_weights`

@@ -50,7 +50,8 @@ UZ_NODE_STATE = tuple(StateLeaf(key, dtype) for key, dtype in zip(
 
 _EMPTY = torch.empty(0)
 # model -> (weak refs to its modules, their members' ids, its tensors, storage key, fused tensors): collecting
-# costs ~0.3 ms, as much as a small search (validity: _still_valid).
+# costs as much as a small search (validity: _still_valid; figure: docs/performance_search.md,
+# "Design figures quoted from the code").
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -116,7 +117,8 @@ def fused_unizero_weights(model) -> tuple[list[torch.Tensor], list[int], list[fl
 # the version counter (through `.data`, or shared memory written by another process) are seen
 # for views only, as before. The common case (every source a view) adds no check. The
 # check runs twice per search (root and search), so it avoids a Python loop over the modules'
-# dicts (~15 us against ~55 us for a walk). The entry holds the modules through weak references
+# dicts, several times slower (docs/performance_search.md, "Design figures quoted from the
+# code"). The entry holds the modules through weak references
 # (a strong one would keep the model alive: model.sequence refers back to it) and their members
 # by id (the parameters and buffers also as tensors, which refer to no module): a cached module
 # cannot be freed and its id reused without its weak reference dying, and a cached tensor cannot.
@@ -272,7 +274,8 @@ def fused_root(model, state: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor
     Used by :meth:`UniZeroModel.root_from_latents` when the kernel runs the
     model: the window's full forward, its K/V (written into ``state["kv"]``,
     which must be zeros, when the model caches) and the heads at the last
-    latent, without the ~2 ms of per-op dispatch of the torch forward. The
+    latent, without the per-op dispatch of the torch forward (figure:
+    docs/performance_search.md, "Design figures quoted from the code"). The
     encoder stays in torch.
     """
     kv = state["kv"] if model.kv_cache else None
@@ -283,7 +286,8 @@ def fused_root_from_leaves(
     model, latents: torch.Tensor, actions: torch.Tensor, length: torch.Tensor, kv: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """:func:`fused_root` on the state's leaves (``kv`` ``None`` without the cache), as
-    :meth:`UniZeroModel.root_from_latents` holds them: no TensorDict reads (~15 us a search)."""
+    :meth:`UniZeroModel.root_from_latents` holds them: no TensorDict reads (their cost per search:
+    docs/performance_search.md, "Design figures quoted from the code")."""
     if not _KERNEL_ON.get():  # inside use_kernel(False): the caller takes its torch path
         return None
     kernel = _kernel("unizero_root")
