@@ -228,69 +228,23 @@ def test_gumbel_over_the_sampled_candidates():
 def test_reanalyze_stores_the_new_candidates_with_their_new_targets(tmp_path):
     """A reanalysed position's policy target is over freshly drawn candidates: the batch carries those
     candidates and their visits (normalised, the target), not the stored ones."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from pipeline_utils import tiny_config
-    from torchrl_muzero.trainers.builders import build_buffer, build_model, build_policy
-    from torchrl_muzero.trainers.config import load_config
-
-    cfg = load_config(tiny_config(tmp_path, **{"algo.name": "sampled_muzero", "algo.num_samples": 4,
-                                               "env.id": "Pendulum-v1", "env.name": "Pendulum",
-                                               "buffer.reanalyze_ratio": 1.0}))
-    model = build_model(cfg, (3,), PENDULUM)
-    policy = build_policy(cfg, model, Bounded(-2.0, 2.0, shape=(1,)), generator=torch.Generator().manual_seed(123))  # not the buffer's seed 0:
-    # the same seed would draw the same candidates for the same observations, and the test could not tell
-    buffer = build_buffer(cfg, action_space=PENDULUM)
-    T = 30
-    obs = torch.randn(T + 1, 3)
-    td = policy(TensorDict({"observation": obs[:-1]}, [T]))
-    done = torch.zeros(T, 1, dtype=torch.bool)
-    done[-1] = True
-    td.update({("collector", "traj_ids"): torch.zeros(T, dtype=torch.long), ("next", "observation"): obs[1:],
-               ("next", "reward"): -torch.ones(T, 1), ("next", "done"): done, ("next", "terminated"): done})
-    buffer.extend(td)
-    batch = buffer.sample(8, model=model, target_model=model, policy_version=0)
+    stored, batch, _ = _reanalysed_batch(tmp_path)
     mask = batch["policy_mask"].bool()
     visits = batch["root", "candidate_visits"][mask]
     torch.testing.assert_close(visits / visits.sum(-1, keepdim=True), batch["target_policy"][mask])
-    stored = td["root", "candidates"]  # what acting drew: every reanalysed position drew anew
+    # what acting drew: every reanalysed position drew anew
     assert not any(bool((c == stored).all(-1).all(-1).any()) for c in batch["root", "candidates"][mask])
 
 
 def test_reanalyze_keep_candidates_searches_the_stored_ones_again(tmp_path):
     """algo.reanalyze_candidates=keep: a reanalysed position's target is a new search over its *stored*
     candidates (the batch carries them unchanged, with the new visits as its target)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from pipeline_utils import tiny_config
-    from torchrl_muzero.trainers.builders import build_buffer, build_model, build_policy
-    from torchrl_muzero.trainers.config import load_config
-
-    cfg = load_config(tiny_config(tmp_path, **{"algo.name": "sampled_muzero", "algo.num_samples": 4,
-                                               "env.id": "Pendulum-v1", "env.name": "Pendulum",
-                                               "buffer.reanalyze_ratio": 1.0, "algo.reanalyze_candidates": "keep",
-                                               "mcts.num_simulations": 16}))
-    model = build_model(cfg, (3,), PENDULUM)
-    policy = build_policy(cfg, model, Bounded(-2.0, 2.0, shape=(1,)), generator=torch.Generator().manual_seed(123))
-    buffer = build_buffer(cfg, action_space=PENDULUM)
+    stored, batch, buffer = _reanalysed_batch(tmp_path, **{"algo.reanalyze_candidates": "keep",
+                                                          "mcts.num_simulations": 16})
     assert buffer.reanalyze_search.reads_stored
-    T = 30
-    obs = torch.randn(T + 1, 3)
-    td = policy(TensorDict({"observation": obs[:-1]}, [T]))
-    done = torch.zeros(T, 1, dtype=torch.bool)
-    done[-1] = True
-    td.update({("collector", "traj_ids"): torch.zeros(T, dtype=torch.long), ("next", "observation"): obs[1:],
-               ("next", "reward"): -torch.ones(T, 1), ("next", "done"): done, ("next", "terminated"): done})
-    buffer.extend(td)
-    batch = buffer.sample(8, model=model, target_model=model, policy_version=0)
     mask = batch["policy_mask"].bool()
     visits = batch["root", "candidate_visits"][mask]
     torch.testing.assert_close(visits / visits.sum(-1, keepdim=True), batch["target_policy"][mask])
-    stored = td["root", "candidates"]
     # every reanalysed position kept candidates acting stored (the same set, slot by slot)
     for c in batch["root", "candidates"][mask]:
         assert bool((c == stored).all(-1).all(-1).any())
@@ -314,3 +268,34 @@ def test_prior_at_given_candidates():
     assert bool(torch.isfinite(with_replacement).all())  # repeats are real draws with replacement
     with pytest.raises(ValueError, match="candidates"):
         SampledProposal(num_samples=2).prior_at(box, candidates)
+
+
+def _reanalysed_batch(tmp_path, **keys):
+    """A Pendulum-like sampled_muzero buffer, reanalyse ratio 1, filled by acting on 30 random observations:
+    ``(what acting stored, the sampled batch, the buffer)``."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from pipeline_utils import tiny_config
+    from torchrl_muzero.trainers.builders import build_buffer, build_model, build_policy
+    from torchrl_muzero.trainers.config import load_config
+
+    cfg = load_config(tiny_config(tmp_path, **{"algo.name": "sampled_muzero", "algo.num_samples": 4,
+                                               "env.id": "Pendulum-v1", "env.name": "Pendulum",
+                                               "buffer.reanalyze_ratio": 1.0, **keys}))
+    model = build_model(cfg, (3,), PENDULUM)
+    # not the buffer's seed 0: the same seed would draw the same candidates for the same observations, and
+    # the tests could not tell
+    policy = build_policy(cfg, model, Bounded(-2.0, 2.0, shape=(1,)), generator=torch.Generator().manual_seed(123))
+    buffer = build_buffer(cfg, action_space=PENDULUM)
+    T = 30
+    obs = torch.randn(T + 1, 3)
+    td = policy(TensorDict({"observation": obs[:-1]}, [T]))
+    done = torch.zeros(T, 1, dtype=torch.bool)
+    done[-1] = True
+    td.update({("collector", "traj_ids"): torch.zeros(T, dtype=torch.long), ("next", "observation"): obs[1:],
+               ("next", "reward"): -torch.ones(T, 1), ("next", "done"): done, ("next", "terminated"): done})
+    buffer.extend(td)
+    batch = buffer.sample(8, model=model, target_model=model, policy_version=0)
+    return td["root", "candidates"], batch, buffer

@@ -77,30 +77,6 @@ class _ControlledPolicy(TensorDictModuleBase):
         return out
 
 
-def _make_worker_policy(cfg_dict: dict, observation_shape, action_space, action_spec, control: SharedControl,
-                        device: str, seed: int):
-    """Runs in each collector worker (``policy_factory``): a fresh model the scheme fills with weights.
-
-    ``seed`` (the worker's env seed) seeds the search's generator: the spawned worker's
-    global generator would start from a different seed at every launch.
-    """
-    cfg = load_config(cfg_dict)
-    yield_to_learner(cfg.async_pipeline.actor_niceness)
-    freeze_heap_at_exit()  # the worker ends several times sooner at the shutdown (quick_exit.py)
-    torch.set_num_threads(max(1, cfg.async_pipeline.collector_num_cpus))
-    model = build_model(cfg, observation_shape, action_space).to(device).eval()
-    policy = build_policy(cfg, model, action_spec, generator=actor_generator(seed, device))
-    locked = LockedPolicy(_ControlledPolicy(policy, control), weights_module=model)
-    ap = cfg.async_pipeline
-    if ap.collect_ahead_frames < 0:
-        return locked
-    # outside the lock: a worker waiting under it would block the publish the learner waits for
-    return PacedPolicy(locked, control, learner_iter_index=LEARNER_ITER, offset_index=PACE_OFFSET,
-                       release_index=PACE_RELEASE, idle_index=PACE_IDLE, num_workers=ap.num_collector_actors,
-                       ahead=ap.collect_ahead_frames, replay_ratio=cfg.train.replay_ratio,
-                       warmup=cfg.train.train_start_after_envsteps)
-
-
 def make_worker_policy(cfg_dict: dict, observation_shape, action_space, action_spec, control: SharedControl,
                         device: str, seed: int):
     """Runs in each collector worker (``policy_factory``): a fresh model the scheme fills with weights.
