@@ -264,8 +264,8 @@ def test_the_fused_path_is_taken_exactly_where_the_spec_is_offered():
     assert discrete.fused_kernel_spec() is None and _engine(discrete) == "cpp"
 
     class OwnDraws(SampledModel):
-        def sample_node(self, step, generator=None, legal=None, proposal=None):
-            return super().sample_node(step, generator, legal, proposal)
+        def sample_node(self, step, generator=None, legal=None, proposal=None, candidates=None):
+            return super().sample_node(step, generator, legal, proposal, candidates)
 
     own = OwnDraws(_base(0), space, SampledProposal(num_samples=4))
     assert own.fused_kernel_spec() is None and _engine(own) == "cpp"
