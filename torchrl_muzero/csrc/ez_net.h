@@ -96,6 +96,22 @@ struct EzState {
   int64_t* steps;
 };
 
+// Row s of `rows` steps the node `from` of the flat state arrays into node `to`
+// (both indices into st's [rows] layout): the parent's latent, LSTM state,
+// prefix and step count, and where the child's go. The action is the caller's
+// (a one-hot index or a continuous action_input).
+inline void wire_ez_rows(EzRows& rows, const EzState& st, int64_t s, int64_t from, int64_t to,
+                         int64_t L, int64_t K) {
+  rows.latent[s] = st.latent + from * L;
+  rows.h[s] = st.h + from * K;
+  rows.c[s] = st.c + from * K;
+  rows.parent_prefix[s] = st.prefix[from];
+  rows.parent_steps[s] = st.steps[from];
+  rows.next_latent[s] = st.latent + to * L;
+  rows.next_h[s] = st.h + to * K;
+  rows.next_c[s] = st.c + to * K;
+}
+
 EzState check_ez_state(const EzNet& net, const at::Tensor& latent, const at::Tensor& h,
                        const at::Tensor& c, const at::Tensor& prefix, const at::Tensor& steps,
                        at::IntArrayRef rows);

@@ -111,14 +111,7 @@ struct EzSearch {
     void gather(int64_t s, int64_t b, const Leaf& l, int64_t n) {
       const int64_t from = b * f.N + l.node, to = b * f.N + n, L = f.net.L, K = f.net.K;
       rows.action[s] = l.action;
-      rows.latent[s] = f.st.latent + from * L;
-      rows.h[s] = f.st.h + from * K;
-      rows.c[s] = f.st.c + from * K;
-      rows.parent_prefix[s] = f.st.prefix[from];
-      rows.parent_steps[s] = f.st.steps[from];
-      rows.next_latent[s] = f.st.latent + to * L;
-      rows.next_h[s] = f.st.h + to * K;
-      rows.next_c[s] = f.st.c + to * K;
+      wire_ez_rows(rows, f.st, s, from, to, L, K);
     }
     void step(int64_t count) {
       ez_step(f.net, sc, count, rows, logits.data(), /*baseline=*/false, f.fma);

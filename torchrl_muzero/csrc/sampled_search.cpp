@@ -239,15 +239,32 @@ namespace {
 // base's five [B, N, ...] arrays plus the candidates [B, N, K, D]; a leaf's
 // action is its slot's candidate; the new node's prior logits are the K
 // zeros of the uniform slot prior; every edge keeps its children_discount.
-struct SampledEzSearch {
-  const EzNet& net;
-  EzState st;
-  float* cand;                         // [B, N, K, D]
+// What both sampled Searches keep besides their network's state: every
+// node's K candidates, each simulation's draws, the box, and the uniform
+// slot prior's K zero logits.
+struct SampledCandidates {
+  float* cand;                           // [B, N, K, D]
   const std::vector<const float*>& eps;  // per simulation s: [B, K, D]
   BoxDraw box;
   int64_t N;
-  bool fma;
   std::vector<float> slot_logits;  // K zeros
+
+  // the env action of slot `slot` of flat node `node` (b * N + n)
+  const float* action(int64_t node, int64_t slot) const { return cand + (node * box.K + slot) * box.D; }
+  // node n of tree b, made by simulation n - 1: its K candidates from the
+  // policy head's `params` and that simulation's draws, row b; its prior logits
+  const float* draw(const float* params, int64_t b, int64_t n) const {
+    const int64_t KD = box.K * box.D;
+    draw_candidates(box, params, eps[n - 1] + b * KD, cand + (b * N + n) * KD);
+    return slot_logits.data();
+  }
+};
+
+struct SampledEzSearch {
+  const EzNet& net;
+  EzState st;
+  SampledCandidates draws;
+  bool fma;
 
   struct Group {
     const SampledEzSearch& f;
@@ -261,30 +278,21 @@ struct SampledEzSearch {
           inputs(static_cast<size_t>(kGroup * search.net.dyn1.J)),
           params(static_cast<size_t>(kGroup * search.net.A)) {}
     void gather(int64_t s, int64_t b, const Leaf& l, int64_t n) {
-      const int64_t from = b * f.N + l.node, to = b * f.N + n, L = f.net.L, K = f.net.K;
-      const int64_t J = f.net.dyn1.J, D = f.box.D;
-      action_input(f.net, f.cand + (from * f.box.K + l.action) * D, inputs.data() + s * J);
+      const int64_t N = f.draws.N, from = b * N + l.node, J = f.net.dyn1.J;
+      action_input(f.net, f.draws.action(from, l.action), inputs.data() + s * J);
       rows.action_input[s] = inputs.data() + s * J;
       rows.action[s] = 0;
-      rows.latent[s] = f.st.latent + from * L;
-      rows.h[s] = f.st.h + from * K;
-      rows.c[s] = f.st.c + from * K;
-      rows.parent_prefix[s] = f.st.prefix[from];
-      rows.parent_steps[s] = f.st.steps[from];
-      rows.next_latent[s] = f.st.latent + to * L;
-      rows.next_h[s] = f.st.h + to * K;
-      rows.next_c[s] = f.st.c + to * K;
+      wire_ez_rows(rows, f.st, s, from, b * N + n, f.net.L, f.net.K);
     }
     void step(int64_t count) {
       ez_step(f.net, sc, count, rows, params.data(), /*baseline=*/false, f.fma);
     }
     NodeOutput finish(int64_t s, int64_t b, int64_t n) {
-      const int64_t node = b * f.N + n, KD = f.box.K * f.box.D;
+      const int64_t node = b * f.draws.N + n;
       f.st.prefix[node] = rows.prefix[s];
       f.st.steps[node] = rows.steps[s];
-      // simulation n - 1 made node n: its draws are that simulation's, row b
-      draw_candidates(f.box, params.data() + s * f.net.A, f.eps[n - 1] + b * KD, f.cand + node * KD);
-      return {rows.reward[s], rows.value[s], f.slot_logits.data(), nullptr};
+      const float* slot_logits = f.draws.draw(params.data() + s * f.net.A, b, n);
+      return {rows.reward[s], rows.value[s], slot_logits, nullptr};
     }
   };
 };
@@ -315,8 +323,10 @@ void sampled_ez_search(const FusedCall& call, const at::Tensor& latent, const at
   std::vector<at::Tensor> draws;
   std::vector<const float*> eps;
   draw_noise(call, D, generator, latent.options(), draws, eps);
-  fused_search(call, SampledEzSearch{net, st, candidates.data_ptr<float>(), eps, box, t.N, call.fma,
-                                     std::vector<float>(static_cast<size_t>(t.A), 0.0f)});
+  fused_search(call, SampledEzSearch{net, st,
+                                     {candidates.data_ptr<float>(), eps, box, t.N,
+                                      std::vector<float>(static_cast<size_t>(t.A), 0.0f)},
+                                     call.fma});
 }
 
 namespace {
@@ -325,13 +335,9 @@ namespace {
 // the candidates [B, N, K, D]; otherwise as SampledEzSearch.
 struct SampledMlpSearch {
   const MlpNet& net;
-  float* latents;                        // [B, N, L]
-  float* cand;                           // [B, N, K, D]
-  const std::vector<const float*>& eps;  // per simulation s: [B, K, D]
-  BoxDraw box;
-  int64_t N;
+  float* latents;  // [B, N, L]
+  SampledCandidates draws;
   bool fma;
-  std::vector<float> slot_logits;  // K zeros
 
   struct Group {
     const SampledMlpSearch& f;
@@ -349,21 +355,18 @@ struct SampledMlpSearch {
           inputs(static_cast<size_t>(kGroup * search.net.dyn1.J)),
           params(static_cast<size_t>(kGroup * search.net.A)) {}
     void gather(int64_t s, int64_t b, const Leaf& l, int64_t n) {
-      const int64_t from = b * f.N + l.node, J = f.net.dyn1.J;
-      action_input(f.net, f.cand + (from * f.box.K + l.action) * f.box.D, inputs.data() + s * J);
+      const int64_t N = f.draws.N, from = b * N + l.node, J = f.net.dyn1.J;
+      action_input(f.net, f.draws.action(from, l.action), inputs.data() + s * J);
       inputs_at[s] = inputs.data() + s * J;
       in[s] = f.latents + from * f.net.L;
-      out[s] = f.latents + (b * f.N + n) * f.net.L;
+      out[s] = f.latents + (b * N + n) * f.net.L;
     }
     void step(int64_t rows) {
       mlp_step(f.net, sc, rows, in, act, out, reward, value, params.data(), /*baseline=*/false, f.fma,
                inputs_at);
     }
     NodeOutput finish(int64_t s, int64_t b, int64_t n) {
-      const int64_t KD = f.box.K * f.box.D;
-      draw_candidates(f.box, params.data() + s * f.net.A, f.eps[n - 1] + b * KD,
-                      f.cand + (b * f.N + n) * KD);
-      return {reward[s], value[s], f.slot_logits.data(), nullptr};
+      return {reward[s], value[s], f.draws.draw(params.data() + s * f.net.A, b, n), nullptr};
     }
   };
 };
@@ -390,9 +393,10 @@ void sampled_mlp_search(const FusedCall& call, const at::Tensor& latent,
   std::vector<at::Tensor> draws;
   std::vector<const float*> eps;
   draw_noise(call, D, generator, latent.options(), draws, eps);
-  fused_search(call, SampledMlpSearch{net, latent.data_ptr<float>(), candidates.data_ptr<float>(), eps,
-                                      box, t.N, call.fma,
-                                      std::vector<float>(static_cast<size_t>(t.A), 0.0f)});
+  fused_search(call, SampledMlpSearch{net, latent.data_ptr<float>(),
+                                      {candidates.data_ptr<float>(), eps, box, t.N,
+                                       std::vector<float>(static_cast<size_t>(t.A), 0.0f)},
+                                      call.fma});
 }
 
 }  // namespace tree_ops
