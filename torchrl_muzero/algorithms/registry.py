@@ -203,10 +203,6 @@ def get_algorithm(name: str) -> Algorithm:
     return _REGISTRY[name]
 
 
-#: the algorithms planned for an action kind no registered algorithm supports yet (named in the refusal)
-_PLANNED: dict[str, str] = {}
-
-
 def algorithms_for(kind: str) -> str:
     """One phrase naming the registered algorithms that support action spaces of ``kind``.
 
@@ -222,8 +218,7 @@ def algorithms_for(kind: str) -> str:
     names = [name for name in algorithm_names() if kind in get_algorithm(name).action_kinds]
     if names:
         return f"the algorithms that support {kind} actions: {', '.join(names)}"
-    planned = f" ({_PLANNED[kind]} will)" if kind in _PLANNED else ""
-    return f"no algorithm supports {kind} actions yet{planned}"
+    return f"no algorithm supports {kind} actions yet"
 
 
 # the envs' check of a model against an env's actions names the algorithms through this (it cannot import them)
